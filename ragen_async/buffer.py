@@ -1,0 +1,339 @@
+"""Trajectory buffer: turns a stream of finished groups into deterministic, balanced learner batches.
+
+Job, in order, for every learner step:
+
+1. **Staleness gate.** Groups older than ``max_staleness`` versions are dropped — on arrival if they are
+   already too old for the learner's current version, and again when a batch is taken. Staleness only
+   grows as the learner advances, so a dropped group could never have become usable. Drops are never
+   silent: they are counted in the step's metrics and queued as :class:`DropRecord`\\ s that the caller
+   drains (:meth:`TrajectoryBuffer.drain_drops`) to return the slots to the admission controller.
+2. **Deterministic selection.** A batch is the ``groups_per_step`` waiting groups with the lowest global
+   sequence index (see :func:`group_index`), in index order, so it does not depend on the order in which
+   groups happened to arrive. Lowest index first also means oldest first, which keeps staleness low.
+3. **StarPO-S filter** on the groups' raw scores (``algo.filtering.select_groups_by_reward_std``).
+4. **Scores.** Raw trajectory scores and scores normalised within their group
+   (``algo.advantages.group_normalize``), computed once for the whole batch.
+5. **Sharding.** Kept trajectories are split into ``num_ranks`` :class:`BatchShard`\\ s balanced by token
+   count (greedy longest-processing-time: deterministic, and the heaviest shard exceeds the lightest by at
+   most one trajectory). Every shard carries the whole batch's ``batch_num_tokens`` / ``batch_num_seqs``
+   so that data-parallel loss aggregation equals the single-process loss.
+
+In *fixed-lag* mode the engines serve the weights of version v − k (DESIGN.md §3), so every consumed
+group must have staleness exactly ``min(k, v)``; a group that does not is dropped as ``off_lag``.
+
+Pure Python + numpy + torch (for the algo calls); no zmq or ray. Times are passed in, never read.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from ragen_async.algo.advantages import GROUP_NORM_MODES, group_normalize
+from ragen_async.algo.filtering import FILTER_MODES, select_groups_by_reward_std
+from ragen_async.protocol import BatchShard, Trajectory, TrajectoryGroup
+from ragen_async.staleness import StalenessStats, group_staleness, parse_group_id
+
+__all__ = [
+    "BufferNotReady",
+    "DropRecord",
+    "TrajectoryBuffer",
+    "balance_by_tokens",
+    "group_index",
+]
+
+DropReason = Literal["stale", "off_lag"]
+
+_HIST_MAX_UNBOUNDED = 16
+"""Staleness histogram bins when k is unbounded (with a bound, the bins are 0..k)."""
+
+
+def group_index(group: TrajectoryGroup) -> int:
+    """The group's global sequence index, parsed from its id.
+
+    Convention: the rollout side names each group after the index the admission controller gave it,
+    ``staleness.format_group_id(index)`` → ``"g00000042"`` (an optional suffix after the digits is
+    ignored). Raises ``ValueError`` for ids that do not follow it.
+    """
+    return parse_group_id(group.group_id)
+
+
+@dataclass(frozen=True, slots=True)
+class DropRecord:
+    """One group the buffer refused to train on."""
+
+    group_id: str
+    index: int
+    staleness: int
+    learner_version: int
+    where: Literal["add", "consume"]
+    reason: DropReason
+
+
+class BufferNotReady(RuntimeError):
+    """``next_batch`` was called while fewer than ``groups_per_step`` usable groups were waiting."""
+
+
+def balance_by_tokens(costs: Sequence[int], num_bins: int) -> list[list[int]]:
+    """Split item indices into ``num_bins`` lists with near-equal total cost (greedy LPT).
+
+    Items are placed heaviest first (ties: lower index first) onto the bin with the least cost so far
+    (ties: fewer items, then lower bin), which is deterministic, gives every bin an item when there are
+    at least ``num_bins`` items, and bounds max − min bin cost by the largest item. Each returned list is
+    in ascending index order.
+    """
+    if num_bins < 1:
+        raise ValueError(f"num_bins must be >= 1, got {num_bins}")
+    bins: list[list[int]] = [[] for _ in range(num_bins)]
+    heap = [(0, 0, b) for b in range(num_bins)]  # (cost, items, bin)
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        cost, count, b = heapq.heappop(heap)
+        bins[b].append(i)
+        heapq.heappush(heap, (cost + costs[i], count + 1, b))
+    return [sorted(items) for items in bins]
+
+
+class TrajectoryBuffer:
+    """Holds finished groups until the learner asks for a batch; see the module docstring.
+
+    Not thread-safe: call it from the thread that owns the learner loop.
+    """
+
+    def __init__(
+        self,
+        groups_per_step: int,
+        max_staleness: int | None,
+        filter_mode: str = "std",
+        filter_ratio: float = 0.25,
+        norm_mode: str = "mean_std",
+        num_ranks: int = 1,
+        fixed_lag: bool = False,
+        group_size: int | None = None,
+    ) -> None:
+        """
+        Args:
+            groups_per_step: groups consumed per learner step (B).
+            max_staleness: k; ``None`` for unbounded (then nothing is ever dropped).
+            filter_mode / filter_ratio: StarPO-S filter (``"std"`` | ``"std_rev"`` | ``"none"``, keep ratio).
+            norm_mode: group normalisation of scores (``"mean_std"`` | ``"mean"`` | ``"identity"`` | ``"asym_clip"``).
+            num_ranks: learner data-parallel world size; one shard per rank.
+            fixed_lag: require staleness exactly ``min(k, v)`` (needs a finite k).
+            group_size: trajectories per group, if known up front; used only to check at construction that
+                every rank will get at least one trajectory. Without it the check happens per batch.
+
+        Raises:
+            ValueError: invalid settings, or a batch that cannot give every rank a trajectory.
+        """
+        if groups_per_step < 1:
+            raise ValueError(f"groups_per_step must be >= 1, got {groups_per_step}")
+        if max_staleness is not None and max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0 or None, got {max_staleness}")
+        if filter_mode not in FILTER_MODES:
+            raise ValueError(f"unknown filter_mode {filter_mode!r}; valid: {', '.join(FILTER_MODES)}")
+        if not 0.0 < filter_ratio <= 1.0:
+            raise ValueError(f"filter_ratio must be in (0, 1], got {filter_ratio}")
+        if norm_mode not in GROUP_NORM_MODES:
+            raise ValueError(f"unknown norm_mode {norm_mode!r}; valid: {', '.join(GROUP_NORM_MODES)}")
+        if num_ranks < 1:
+            raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
+        if fixed_lag and max_staleness is None:
+            raise ValueError("fixed_lag needs a finite max_staleness (the lag)")
+        self.groups_per_step = groups_per_step
+        self.max_staleness = max_staleness
+        self.filter_mode = filter_mode
+        self.filter_ratio = filter_ratio
+        self.norm_mode = norm_mode
+        self.num_ranks = num_ranks
+        self.fixed_lag = fixed_lag
+
+        # Ask the filter itself how many groups it keeps (it depends only on the count), rather than
+        # re-deriving its rounding rule here.
+        kept, _ = select_groups_by_reward_std(torch.zeros(groups_per_step, 1), filter_ratio, filter_mode)
+        self.kept_groups_per_step = int(kept.numel())
+        if group_size is not None and self.kept_groups_per_step * group_size < num_ranks:
+            raise ValueError(
+                f"each batch keeps {self.kept_groups_per_step} groups × {group_size} trajectories = "
+                f"{self.kept_groups_per_step * group_size} < num_ranks={num_ranks}: some learner ranks would "
+                "get no data; raise groups_per_step, group_size or filter_ratio"
+            )
+
+        self._waiting: dict[int, TrajectoryGroup] = {}
+        self._learner_version = 0
+        self._drops: list[DropRecord] = []
+        self._dropped_total = 0
+        self._stats = StalenessStats(_HIST_MAX_UNBOUNDED if max_staleness is None else max_staleness)
+
+    # -- queue state -------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Groups waiting (not yet checked against the current version)."""
+        return len(self._waiting)
+
+    @property
+    def dropped_total(self) -> int:
+        """Groups dropped since construction."""
+        return self._dropped_total
+
+    def drain_drops(self) -> list[DropRecord]:
+        """Drops since the last call; pass ``len(...)`` to ``AdmissionController.on_dropped``."""
+        drops, self._drops = self._drops, []
+        return drops
+
+    def ready(self, learner_version: int | None = None) -> bool:
+        """Whether :meth:`next_batch` at ``learner_version`` (default: the latest seen) would succeed."""
+        version = self._learner_version if learner_version is None else learner_version
+        usable = sum(self._violation(g, version, consuming=True) is None for g in self._waiting.values())
+        return usable >= self.groups_per_step
+
+    # -- staleness gate ----------------------------------------------------------------------------
+
+    def _violation(self, group: TrajectoryGroup, learner_version: int, consuming: bool) -> DropReason | None:
+        k = self.max_staleness
+        if k is None:
+            return None
+        staleness = group_staleness(group, learner_version)
+        if staleness > k:
+            return "stale"
+        # Exactness can only be judged at consumption: before that the version may still advance.
+        if consuming and self.fixed_lag and staleness != min(k, learner_version):
+            return "off_lag"
+        return None
+
+    def _drop(self, group: TrajectoryGroup, learner_version: int, where: str, reason: DropReason) -> None:
+        record = DropRecord(
+            group_id=group.group_id,
+            index=group_index(group),
+            staleness=group_staleness(group, learner_version),
+            learner_version=learner_version,
+            where=where,  # type: ignore[arg-type]
+            reason=reason,
+        )
+        self._drops.append(record)
+        self._dropped_total += 1
+        self._stats.record_dropped()
+
+    def _observe_version(self, learner_version: int) -> None:
+        # Versions only move forward; a caller holding an older view must not un-stale anything.
+        self._learner_version = max(self._learner_version, learner_version)
+
+    # -- producer side -----------------------------------------------------------------------------
+
+    def add(self, group: TrajectoryGroup, learner_version: int, now: float) -> bool:
+        """Queue a finished group; ``False`` if it was dropped as already too stale (see :meth:`drain_drops`).
+
+        ``learner_version`` is the learner's current version: the earliest version the group could be
+        consumed at, so a group over the bound now is over it forever. ``now`` is accepted for symmetry
+        and future use (arrival times); ages are computed from the group's own timestamps.
+
+        Raises:
+            ValueError: the group id does not carry an index, or a group with the same index is waiting.
+        """
+        del now
+        index = group_index(group)
+        if index in self._waiting:
+            raise ValueError(f"group index {index} ({group.group_id!r}) is already waiting in the buffer")
+        if not group.trajectories:
+            raise ValueError(f"group {group.group_id!r} has no trajectories")
+        self._observe_version(learner_version)
+        reason = self._violation(group, self._learner_version, consuming=False)
+        if reason is not None:
+            self._drop(group, self._learner_version, "add", reason)
+            return False
+        self._waiting[index] = group
+        return True
+
+    # -- consumer side -----------------------------------------------------------------------------
+
+    def _take_groups(self, learner_version: int) -> list[TrajectoryGroup]:
+        """Remove and return the B lowest-index usable groups, dropping unusable ones on the way."""
+        taken: list[TrajectoryGroup] = []
+        for index in sorted(self._waiting):
+            group = self._waiting[index]
+            reason = self._violation(group, learner_version, consuming=True)
+            if reason is not None:
+                del self._waiting[index]
+                self._drop(group, learner_version, "consume", reason)
+                continue
+            taken.append(group)
+            if len(taken) == self.groups_per_step:
+                break
+        if len(taken) < self.groups_per_step:
+            raise BufferNotReady(
+                f"{len(taken)} usable groups waiting at version {learner_version}, need {self.groups_per_step}"
+            )
+        for group in taken:
+            del self._waiting[group_index(group)]
+        return taken
+
+    def next_batch(self, learner_version: int, step: int, now: float) -> tuple[list[BatchShard], dict[str, float]]:
+        """Assemble the batch the learner at ``learner_version`` trains on at ``step``.
+
+        Returns:
+            ``(shards, metrics)``: one :class:`BatchShard` per rank (``shards[r].rank == r``), and the
+            step's metrics: ``filter/*`` (StarPO-S), ``rollout/queue_groups`` (groups still waiting),
+            ``batch/*`` and the :class:`~ragen_async.staleness.StalenessStats` summary of the kept groups
+            plus the groups dropped since the previous batch.
+
+        Raises:
+            BufferNotReady: fewer than ``groups_per_step`` usable groups (check :meth:`ready` first); the
+                waiting groups stay queued, stale ones are dropped.
+            ValueError: the filter kept fewer trajectories than there are ranks.
+        """
+        self._observe_version(learner_version)
+        groups = self._take_groups(learner_version)
+
+        kept_idx, filter_metrics = select_groups_by_reward_std(
+            [torch.tensor(g.scores, dtype=torch.float64) for g in groups], self.filter_ratio, self.filter_mode
+        )
+        kept = [groups[i] for i in kept_idx.tolist()]
+        trajs: list[Trajectory] = [t for g in kept for t in g.trajectories]
+        if len(trajs) < self.num_ranks:
+            raise ValueError(
+                f"the filter kept {len(trajs)} trajectories for {self.num_ranks} ranks: every rank needs at "
+                "least one; raise groups_per_step, group size or filter_ratio"
+            )
+
+        scores = torch.tensor([t.score for t in trajs], dtype=torch.float64)
+        owners = torch.tensor([group_index(g) for g in kept for _ in g.trajectories], dtype=torch.int64)
+        normalized = group_normalize(scores, owners, self.norm_mode)
+        scores_np = scores.numpy().astype(np.float32)
+        normalized_np = normalized.numpy().astype(np.float32)
+
+        batch_num_tokens = sum(t.num_response_tokens for t in trajs)
+        bins = balance_by_tokens([t.num_tokens for t in trajs], self.num_ranks)
+        shards = [
+            BatchShard(
+                step=step,
+                learner_version=learner_version,
+                trajectories=tuple(trajs[i] for i in items),
+                scores=scores_np[items],
+                normalized_scores=normalized_np[items],
+                batch_num_tokens=batch_num_tokens,
+                batch_num_seqs=len(trajs),
+                rank=rank,
+                world_size=self.num_ranks,
+            )
+            for rank, items in enumerate(bins)
+        ]
+
+        for group in kept:
+            self._stats.record_group(group, learner_version, consumed_at=now)
+        shard_tokens = [sum(t.num_tokens for t in s.trajectories) for s in shards]
+        metrics: dict[str, float] = {f"filter/{name}": float(value) for name, value in filter_metrics.items()}
+        metrics.update(
+            {
+                "rollout/queue_groups": float(len(self._waiting)),
+                "batch/num_groups": float(len(kept)),
+                "batch/num_seqs": float(len(trajs)),
+                "batch/num_loss_tokens": float(batch_num_tokens),
+                "batch/shard_tokens_max": float(max(shard_tokens)),
+                "batch/shard_tokens_min": float(min(shard_tokens)),
+            }
+        )
+        metrics.update(self._stats.summary())
+        return shards, metrics

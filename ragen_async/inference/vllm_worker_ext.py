@@ -1,0 +1,104 @@
+"""Worker extension injected into vLLM's worker class (``worker_extension_cls``).
+
+Runs inside vLLM's worker process; the engine drives it through ``collective_rpc(method, args)``.
+Arguments travel through msgspec, so everything is plain data: tensors as ``bytes`` + dtype name +
+shape (numpy arrays would arrive as lists).
+
+Loading weights: ``model.load_weights`` fails on CPU after the initial load (the CPU backend replaces
+linear weights by kernel-format tensors without ``weight_loader``), so we use the worker's own
+``reload_weights(weights_iterator=..., is_checkpoint_format=True)`` (layerwise reload: checkpoint
+names and layouts in, the model's fused/kernel layout out) under ``torch.no_grad()``. All weights of
+a layer must arrive in one call: a fused layer (q/k/v, gate/up) that gets only some of its parts is
+rebuilt from uninitialised memory for the missing ones. Every method here therefore loads what it
+received in a single reload call.
+
+Attribute names carry a ``_ragen`` prefix: vLLM refuses extensions whose names collide with the
+worker's (the CPU worker already has e.g. ``update_weights``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ragen_async.weight_sync.base import WeightSyncError, dtype_from_name
+from ragen_async.weight_sync.gloo import group_name, open_group, receive_weights
+
+
+class WeightSyncWorkerExtension:
+    """Methods callable through ``collective_rpc``; ``self`` is the vLLM worker."""
+
+    _ragen_pg: Any = None
+    _ragen_group: str = ""
+    _ragen_timeout_s: float = 60.0
+    _ragen_version: int | None = None
+
+    # ---- loading ----------------------------------------------------------------------------
+    def _ragen_reload(self, named: Sequence[tuple[str, torch.Tensor]], version: int) -> dict:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            self.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
+        self._ragen_version = int(version)
+        return {"num_tensors": len(named), "reload_s": time.perf_counter() - t0,
+                "version": int(version)}
+
+    def load_weights_from_bytes(self, items: Sequence[Sequence[Any]], version: int) -> dict:
+        """``items``: ``(name, dtype_name, shape, raw_bytes)`` per tensor (checkpoint names)."""
+        named = []
+        for name, dtype, shape, raw in items:
+            buf = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+            named.append((str(name), buf.view(dtype_from_name(dtype)).view(tuple(int(s) for s in shape))))
+        return self._ragen_reload(named, version)
+
+    # ---- gloo broadcast group ---------------------------------------------------------------
+    def init_weight_group(self, master_address: str, master_port: int, world_size: int, rank: int,
+                          timeout_s: float = 60.0) -> int:
+        """Join the publisher's gloo group (a separate group, not vLLM's). ``rank`` is this engine's
+        first rank; each worker joins at ``rank + its vLLM rank``. Returns the rank joined."""
+        self.close_weight_group()
+        my_rank = int(rank) + int(getattr(self, "rank", 0))
+        self._ragen_group = group_name(master_address, int(master_port))
+        self._ragen_timeout_s = float(timeout_s)
+        self._ragen_pg = open_group(master_address, int(master_port), int(world_size), my_rank,
+                                    float(timeout_s))
+        self._ragen_my_rank = my_rank
+        return my_rank
+
+    def receive_broadcast(self, manifest: Sequence[Sequence[Any]], version: int) -> dict:
+        """Receive one version broadcast by the publisher (see ``weight_sync.gloo``) and load it."""
+        if self._ragen_pg is None:
+            raise WeightSyncError("receive_broadcast: no weight group; call init_weight_group first")
+        where = (f"weight broadcast from learner rank 0 at {self._ragen_group} "
+                 f"(receiver rank {self._ragen_my_rank})")
+        t0 = time.perf_counter()
+        try:
+            named = receive_weights(self._ragen_pg, manifest, int(version), self._ragen_timeout_s,
+                                    where)
+        except WeightSyncError:
+            self.close_weight_group()  # the group is unusable after a failed collective
+            raise
+        recv_s = time.perf_counter() - t0
+        stats = self._ragen_reload(named, version)
+        stats["recv_s"] = recv_s
+        return stats
+
+    def close_weight_group(self) -> None:
+        self._ragen_pg = None
+        self._ragen_group = ""
+
+    # ---- introspection (tests) --------------------------------------------------------------
+    def weights_checksum(self) -> dict[str, str]:
+        """sha1 of every parameter of the served model (vLLM's names and layouts)."""
+        model = self.model_runner.get_model()
+        out = {}
+        for name, p in model.named_parameters():
+            t = p.detach().to("cpu").contiguous()
+            out[name] = hashlib.sha1(t.view(torch.uint8).numpy().tobytes()).hexdigest()
+        return out
+
+    def loaded_weight_version(self) -> int | None:
+        return self._ragen_version

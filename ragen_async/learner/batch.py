@@ -1,0 +1,77 @@
+"""Collation: trajectories -> right-padded [B, T] tensors the learner's forward pass consumes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+from ragen_async.protocol import NO_VERSION, BatchShard, Trajectory
+
+
+@dataclass
+class TokenBatch:
+    """Padded per-token tensors of a list of trajectories (all [B, T] unless noted)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    """float 0/1: tokens sampled by the engine (the only ones trained on)."""
+    behaviour_logprobs: torch.Tensor
+    token_versions: torch.Tensor
+    scores: torch.Tensor
+    """[B] raw trajectory scores."""
+    normalized_scores: torch.Tensor
+    """[B] group-normalised scores."""
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def select(self, index: torch.Tensor | slice) -> TokenBatch:
+        return TokenBatch(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+    def trimmed(self) -> TokenBatch:
+        """Drop padding columns beyond the longest row (micro-batches are often shorter)."""
+        length = int(self.attention_mask.sum(1).max().item()) if self.size else 0
+        return TokenBatch(**{
+            f.name: (v[:, :length] if v.dim() == 2 else v) for f in fields(self) for v in [getattr(self, f.name)]
+        })
+
+
+def collate(trajectories: tuple[Trajectory, ...] | list[Trajectory], scores: np.ndarray,
+            normalized_scores: np.ndarray, pad_id: int = 0) -> TokenBatch:
+    n = len(trajectories)
+    length = max((t.num_tokens for t in trajectories), default=0)
+    input_ids = np.full((n, length), pad_id, dtype=np.int64)
+    attention = np.zeros((n, length), dtype=np.float32)
+    loss_mask = np.zeros((n, length), dtype=np.float32)
+    behaviour = np.zeros((n, length), dtype=np.float32)
+    versions = np.full((n, length), NO_VERSION, dtype=np.int64)
+    for i, t in enumerate(trajectories):
+        k = t.num_tokens
+        input_ids[i, :k] = t.token_ids
+        attention[i, :k] = 1
+        loss_mask[i, :k] = t.loss_mask
+        behaviour[i, :k] = t.behaviour_logprobs
+        versions[i, :k] = t.token_versions
+    return TokenBatch(
+        input_ids=torch.from_numpy(input_ids),
+        attention_mask=torch.from_numpy(attention),
+        loss_mask=torch.from_numpy(loss_mask),
+        behaviour_logprobs=torch.from_numpy(behaviour),
+        token_versions=torch.from_numpy(versions),
+        scores=torch.as_tensor(np.asarray(scores, dtype=np.float32)),
+        normalized_scores=torch.as_tensor(np.asarray(normalized_scores, dtype=np.float32)),
+    )
+
+
+def collate_shard(shard: BatchShard, pad_id: int = 0) -> TokenBatch:
+    return collate(shard.trajectories, shard.scores, shard.normalized_scores, pad_id)
+
+
+def split_even(n: int, parts: int) -> list[slice]:
+    """``parts`` contiguous slices covering range(n) whose sizes differ by at most one."""
+    bounds = np.linspace(0, n, parts + 1).round().astype(int)
+    return [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]

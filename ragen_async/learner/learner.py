@@ -1,0 +1,352 @@
+"""The StarPO-S learner: one data-parallel rank's actor (and critic) update on a batch shard.
+
+A plain class: the single-process loop builds one directly, the Ray learner pool wraps one per rank
+(``learner/actor.py``) after joining a torch.distributed group. Per step it
+
+1. recomputes the learner's log-probs of the sampled tokens (the PPO "old"/proximal policy), the
+   critic's values and, when a KL term is configured, the reference policy's log-probs;
+2. computes advantages (GAE over sampled tokens, whitened over the *whole* batch with all-reduced
+   moments; or GRPO group-normalised scores broadcast over the reply tokens);
+3. runs epochs x mini-batches x micro-batches of the StarPO-S losses from ``algo``, dividing by the
+   *global* token count so DDP's gradient average equals the single-process gradient;
+4. clips gradients, skips a step whose gradient norm is not finite (counted), and advances
+   ``policy_version`` by one per optimizer step.
+
+It also owns checkpoints: model, critic, optimizers, version and RNG states.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import math
+import random
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ragen_async import algo
+from ragen_async.config import RunConfig
+from ragen_async.learner.batch import TokenBatch, collate_shard, split_even
+from ragen_async.protocol import BatchShard
+
+log = logging.getLogger(__name__)
+
+ADDITIVE_METRICS = frozenset({"actor/pg_loss", "actor/entropy", "actor/kl_loss", "critic/vf_loss"})
+"""Metrics that are this rank's *share* of a global quantity (they were aggregated with the global
+token/sequence count): sum them over ranks. Every other per-rank metric is a mean: average it."""
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _check_model_path(path: str) -> Path:
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model.path={path!r} is not a model directory (no config.json). Build the tiny model with "
+            f"`ragen-async make-model` or point model.path at a local Hugging Face checkpoint.")
+    return p
+
+
+def load_actor(path: str, dtype: str) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    _check_model_path(path)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
+
+
+def load_critic(path: str, dtype: str) -> nn.Module:
+    """A value model from the same base as the actor (RAGEN): the LM body with a 1-output head."""
+    from transformers import AutoModelForTokenClassification
+
+    _check_model_path(path)
+    critic = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=_DTYPES[dtype])
+    if hasattr(critic.config, "classifier_dropout"):
+        critic.config.classifier_dropout = 0.0
+    return critic
+
+
+def _shifted(values_for_next_token: torch.Tensor) -> torch.Tensor:
+    """Align per-position outputs with tokens: entry t of the result belongs to token t, which was
+    predicted from position t-1. Token 0 (no prefix) gets 0; it is never a sampled token."""
+    return torch.nn.functional.pad(values_for_next_token[:, :-1], (1, 0))
+
+
+class Learner:
+    def __init__(self, cfg: RunConfig, *, rank: int = 0, world_size: int = 1, device: str = "cpu"):
+        self.cfg = cfg
+        self.rank, self.world_size = rank, world_size
+        self.distributed = world_size > 1
+        if self.distributed and not dist.is_initialized():
+            raise RuntimeError("world_size > 1 needs torch.distributed initialised before building the Learner")
+        self.device = torch.device(device)
+        torch.manual_seed(cfg.learner.seed)
+        self.temperature = cfg.rollout.temperature
+        self.algo_cfg = cfg.algo
+
+        self.actor = load_actor(cfg.model.path, cfg.model.dtype).to(self.device)
+        if cfg.model.gradient_checkpointing:
+            self.actor.gradient_checkpointing_enable()
+        self.pad_id = self.actor.config.pad_token_id or 0
+        self.critic = (load_critic(cfg.model.critic_path or cfg.model.path, cfg.model.dtype).to(self.device)
+                       if cfg.algo.use_critic else None)
+        self.ref = None
+        if cfg.algo.use_ref:
+            self.ref = copy.deepcopy(self.actor).eval().requires_grad_(False)
+
+        self.actor_ddp = self._wrap(self.actor)
+        self.critic_ddp = self._wrap(self.critic) if self.critic is not None else None
+        lc = cfg.learner
+        self.actor_opt = torch.optim.AdamW(self.actor.parameters(), lr=lc.actor_lr, betas=lc.betas,
+                                           weight_decay=lc.weight_decay)
+        self.critic_opt = (torch.optim.AdamW(self.critic.parameters(), lr=lc.critic_lr, betas=lc.betas,
+                                             weight_decay=lc.weight_decay) if self.critic is not None else None)
+        self.policy_version = 0
+        self.skipped_steps = 0
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        if not self.distributed:
+            return model
+        if self.cfg.learner.strategy == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            # FSDP2 shards parameters across ranks; it needs an accelerator to pay off.
+            fully_shard(model)
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model)
+
+    # ------------------------------------------------------------------ forward passes
+    def _policy_forward(self, model: nn.Module, mb: TokenBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logits = model(input_ids=mb.input_ids.to(self.device),
+                       attention_mask=mb.attention_mask.to(self.device)).logits.float()
+        logits = logits / self.temperature
+        next_ids = torch.nn.functional.pad(mb.input_ids[:, 1:].to(self.device), (0, 1), value=self.pad_id)
+        logprobs = _shifted(algo.logprobs_from_logits(logits, next_ids))
+        entropy = _shifted(algo.entropy_from_logits(logits)) if with_entropy else None
+        return logprobs, entropy
+
+    def _value_forward(self, model: nn.Module, mb: TokenBatch) -> torch.Tensor:
+        out = model(input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device))
+        return _shifted(out.logits.float().squeeze(-1))
+
+    def _micro_batches(self, batch: TokenBatch) -> Iterator[TokenBatch]:
+        n_micro = max(1, math.ceil(batch.size / self.cfg.learner.micro_batch_size))
+        for s in split_even(batch.size, n_micro):
+            yield batch.select(s).trimmed()
+
+    @torch.no_grad()
+    def _recompute(self, batch: TokenBatch) -> dict[str, torch.Tensor]:
+        """Learner log-probs (old/proximal), critic values and reference log-probs of the batch."""
+        T = batch.input_ids.shape[1]
+        out: dict[str, list[torch.Tensor]] = defaultdict(list)
+        for mb in self._micro_batches(batch):
+            pad = (0, T - mb.input_ids.shape[1])
+            out["old_logprobs"].append(torch.nn.functional.pad(self._policy_forward(self.actor, mb, False)[0], pad))
+            if self.critic is not None:
+                out["old_values"].append(torch.nn.functional.pad(self._value_forward(self.critic, mb), pad))
+            if self.ref is not None:
+                out["ref_logprobs"].append(torch.nn.functional.pad(self._policy_forward(self.ref, mb, False)[0], pad))
+        return {k: torch.cat(v) for k, v in out.items()}
+
+    # ------------------------------------------------------------------ collectives
+    def _all_reduce_sum(self, *values: torch.Tensor | float) -> list[torch.Tensor]:
+        t = torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in values])
+        if self.distributed:
+            dist.all_reduce(t)
+        return list(t.unbind())
+
+    # ------------------------------------------------------------------ advantages
+    def _advantages(self, batch: TokenBatch, old_values: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        a = self.algo_cfg
+        mask = batch.loss_mask
+        if a.adv_estimator == "grpo":
+            return algo.broadcast_to_tokens(batch.normalized_scores, mask), None
+        assert old_values is not None
+        rewards = algo.scores_to_token_rewards(batch.scores, mask)
+        advantages, returns = algo.compute_gae(rewards, old_values, mask, a.gamma, a.gae_lambda)
+        if a.whiten_advantages:
+            total, total_sq, count = self._all_reduce_sum(*algo.masked_moments(advantages.double(), mask.double()))
+            mean, var = algo.moments_to_mean_var(total, total_sq, count)
+            advantages = algo.masked_whiten(advantages, mask, stats=(mean.float(), var.float()))
+        return advantages, returns
+
+    # ------------------------------------------------------------------ the step
+    def train_step(self, shard: BatchShard) -> dict[str, float]:
+        """One learner step on this rank's shard; returns this rank's metrics (plain floats)."""
+        a, lc = self.algo_cfg, self.cfg.learner
+        batch = collate_shard(shard, self.pad_id)
+        self.actor.train()
+        recomputed = self._recompute(batch)
+        old_logprobs = recomputed["old_logprobs"]
+        old_values = recomputed.get("old_values")
+        advantages, returns = self._advantages(batch, old_values)
+
+        metrics: dict[str, float] = {}
+        metrics.update(self._mismatch_metrics(batch, old_logprobs, shard.learner_version))
+
+        # Every rank derives the mini-batch count from global numbers so all ranks step together.
+        n_mini = max(1, round(shard.batch_num_seqs / lc.mini_batch_size))
+        sums: dict[str, float] = defaultdict(float)
+        n_steps = 0
+        for _epoch in range(lc.epochs):
+            for mini in split_even(batch.size, n_mini):
+                step_metrics = self._optimizer_step(batch, mini, old_logprobs, old_values, advantages,
+                                                    returns, recomputed.get("ref_logprobs"))
+                for k, v in step_metrics.items():
+                    sums[k] += v
+                n_steps += 1
+        metrics.update({k: v / n_steps for k, v in sums.items()})
+        metrics["actor/skipped_steps"] = float(self.skipped_steps)
+        metrics["learner/policy_version"] = float(self.policy_version)
+        metrics["learner/num_tokens"] = float(batch.loss_mask.sum())
+        return metrics
+
+    def _optimizer_step(self, batch, mini, old_logprobs, old_values, advantages, returns, ref_logprobs):
+        a, lc = self.algo_cfg, self.cfg.learner
+        mb_all = batch.select(mini)
+        idx = torch.arange(batch.size)[mini]
+        local_tokens = float(mb_all.loss_mask.sum())
+        global_tokens, global_seqs = self._all_reduce_sum(local_tokens, float(mb_all.size))
+        # DDP averages gradients over ranks; scaling by world_size turns that average into the sum
+        # of per-rank contributions, each already normalised by the global count.
+        scale = float(self.world_size)
+
+        self.actor_opt.zero_grad(set_to_none=True)
+        if self.critic_opt is not None:
+            self.critic_opt.zero_grad(set_to_none=True)
+        sums: dict[str, float] = defaultdict(float)
+        n_micro = max(1, math.ceil(max(mb_all.size, 1) / lc.micro_batch_size))
+        slices = split_even(mb_all.size, n_micro) if mb_all.size else [slice(0, 0)]
+        for i, s in enumerate(slices):
+            last = i == len(slices) - 1
+            rows = idx[s]
+            empty = rows.numel() == 0
+            if empty:
+                # This rank has no rows in this mini-batch but DDP needs every rank to run backward:
+                # run one row with zero weight.
+                rows = idx[:1] if idx.numel() else torch.arange(1)
+            mb = batch.select(rows).trimmed()
+            T = mb.input_ids.shape[1]
+            zero = 0.0 if empty else 1.0
+            with self._no_sync(self.actor_ddp, last):
+                logprobs, entropy = self._policy_forward(self.actor_ddp, mb, with_entropy=True)
+                pg_inputs = algo.PolicyLossInputs(
+                    logprobs=logprobs, old_logprobs=old_logprobs[rows, :T], advantages=advantages[rows, :T],
+                    mask=mb.loss_mask * zero, behaviour_logprobs=mb.behaviour_logprobs, entropy=entropy,
+                    ref_logprobs=ref_logprobs[rows, :T] if ref_logprobs is not None else None)
+                loss, m = algo.policy_loss(
+                    pg_inputs, clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high,
+                    dual_clip_c=a.dual_clip_c, loss_agg_mode=a.loss_agg_mode, off_policy=a.off_policy,
+                    is_cap=a.is_cap, entropy_coef=a.entropy_coef, kl_coef=a.kl_coef, kl_type=a.kl_type,
+                    num_tokens=global_tokens, num_seqs=global_seqs)
+                (loss * scale).backward()
+            w = float(mb.loss_mask.sum()) * zero
+            for k, v in m.items():
+                key = f"actor/{k}"
+                sums[key] += float(v) * (zero if key in ADDITIVE_METRICS else w)
+            if self.critic_ddp is not None:
+                with self._no_sync(self.critic_ddp, last):
+                    values = self._value_forward(self.critic_ddp, mb)
+                    vloss, vm = algo.value_loss(values, old_values[rows, :T], returns[rows, :T], mb.loss_mask * zero,
+                                                clip_range_value=a.clip_range_value, loss_agg_mode=a.loss_agg_mode,
+                                                num_tokens=global_tokens, num_seqs=global_seqs)
+                    (vloss * scale).backward()
+                for k, v in vm.items():
+                    key = f"critic/{k}"
+                    sums[key] += float(v) * (zero if key in ADDITIVE_METRICS else w)
+                with torch.no_grad():
+                    ev = algo.explained_variance(values.detach(), returns[rows, :T], mb.loss_mask)
+                sums["critic/vf_explained_var"] += float(ev) * w
+        # Additive metrics are already this rank's share of the mini-batch value; the others are
+        # token-weighted means over micro-batches.
+        local_w = max(local_tokens, 1e-9)
+        metrics = {k: (v if k in ADDITIVE_METRICS else v / local_w) for k, v in sums.items()}
+        metrics["actor/grad_norm"] = self._clip_and_step(self.actor, self.actor_opt, count_skips=True)
+        if self.critic_opt is not None:
+            metrics["critic/grad_norm"] = self._clip_and_step(self.critic, self.critic_opt, count_skips=False)
+        self.policy_version += 1
+        return metrics
+
+    def _clip_and_step(self, model: nn.Module, opt: torch.optim.Optimizer, count_skips: bool) -> float:
+        norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.learner.grad_clip))
+        if math.isfinite(norm):
+            opt.step()
+        else:
+            # A non-finite gradient would poison the weights (and, via the engines, the rollouts).
+            opt.zero_grad(set_to_none=True)
+            if count_skips:
+                self.skipped_steps += 1
+            log.warning("non-finite gradient norm (%s): optimizer step skipped", norm)
+        return norm
+
+    @staticmethod
+    def _no_sync(model: nn.Module, last: bool):
+        if not last and hasattr(model, "no_sync"):
+            return model.no_sync()
+        return contextlib.nullcontext()
+
+    def _mismatch_metrics(self, batch: TokenBatch, old_logprobs: torch.Tensor, learner_version: int) -> dict[str, float]:
+        """Behaviour (engine) vs learner k3 KL overall and bucketed by token staleness."""
+        mask = batch.loss_mask
+        k3 = algo.kl_estimate(batch.behaviour_logprobs, old_logprobs, "k3")
+        staleness = (learner_version - batch.token_versions).clamp(min=0)
+        num_buckets = 9
+        means, counts = algo.masked_mean_by_bucket(k3, mask, staleness.clamp(max=num_buckets - 1), num_buckets)
+        out = {"mismatch/k3_kl": float(algo.masked_mean(k3, mask))}
+        for s in range(num_buckets):
+            if float(counts[s]) > 0:
+                out[f"mismatch/k3_kl_staleness_{s}"] = float(means[s])
+        return out
+
+    # ------------------------------------------------------------------ weights and checkpoints
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """Actor weights in checkpoint (Hugging Face) naming, for publishing to the engines."""
+        return [(name, p.detach()) for name, p in self.actor.named_parameters()]
+
+    def save_checkpoint(self, path: Path, extra: dict | None = None) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.actor.save_pretrained(path / "actor")
+        state = {
+            "policy_version": self.policy_version,
+            "skipped_steps": self.skipped_steps,
+            "actor_opt": self.actor_opt.state_dict(),
+            "critic": self.critic.state_dict() if self.critic is not None else None,
+            "critic_opt": self.critic_opt.state_dict() if self.critic_opt is not None else None,
+            "ref": self.ref.state_dict() if self.ref is not None else None,
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+            "extra": extra or {},
+        }
+        torch.save(state, path / f"learner_rank{self.rank}.pt")
+
+    def load_checkpoint(self, path: Path) -> dict:
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        weights = {}
+        for f in sorted((path / "actor").glob("*.safetensors")):
+            weights.update(load_file(str(f)))
+        missing, unexpected = self.actor.load_state_dict(weights, strict=False)
+        if unexpected or [m for m in missing if "lm_head" not in m]:
+            raise RuntimeError(f"checkpoint {path} does not match the model: missing={missing} unexpected={unexpected}")
+        state = torch.load(path / f"learner_rank{self.rank}.pt", weights_only=False)
+        self.policy_version = state["policy_version"]
+        self.skipped_steps = state["skipped_steps"]
+        self.actor_opt.load_state_dict(state["actor_opt"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
+            self.critic_opt.load_state_dict(state["critic_opt"])
+        if self.ref is not None and state["ref"] is not None:
+            self.ref.load_state_dict(state["ref"])
+        torch.set_rng_state(state["rng"]["torch"])
+        np.random.set_state(state["rng"]["numpy"])
+        random.setstate(state["rng"]["python"])
+        return state["extra"]

@@ -1,0 +1,172 @@
+"""Metrics: one sink per run that writes ``metrics.jsonl``, W&B and a live terminal line.
+
+Every learner step produces one flat record (``{"learner/step": 3, "rollout/success": 0.5, ...}``).
+The jsonl file is the source of truth (one JSON object per line, flushed each step, so a crashed run
+is still readable); W&B gets the same record, online when a key is configured, offline otherwise,
+disabled under ``WANDB_MODE=disabled`` (tests). Only the orchestrator owns a sink; other processes
+return their numbers to it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+
+def _clean(value: Any) -> Any:
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else (1e308 if value > 0 else -1e308)
+    return value
+
+
+class MetricsSink(ABC):
+    @abstractmethod
+    def log(self, record: Mapping[str, Any]) -> None: ...
+
+    def close(self, exit_code: int = 0) -> None:  # noqa: B027 - optional hook
+        pass
+
+
+class NullSink(MetricsSink):
+    def log(self, record):
+        pass
+
+
+class MemorySink(MetricsSink):
+    """Keeps records in memory (tests)."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def log(self, record):
+        self.records.append({k: _clean(v) for k, v in record.items()})
+
+
+class JsonlSink(MetricsSink):
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = self.path.open("a", buffering=1)
+
+    def log(self, record):
+        self._f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+
+    def close(self, exit_code: int = 0):
+        self._f.close()
+
+
+def resolve_wandb_mode(configured: str) -> str:
+    """``WANDB_MODE`` wins; ``auto`` = online only when an API key is available."""
+    env = os.environ.get("WANDB_MODE")
+    if env:
+        return env
+    if configured != "auto":
+        return configured
+    has_key = bool(os.environ.get("WANDB_API_KEY")) or (Path.home() / ".netrc").is_file() and \
+        "api.wandb.ai" in (Path.home() / ".netrc").read_text(errors="ignore")
+    return "online" if has_key else "offline"
+
+
+class WandbSink(MetricsSink):
+    def __init__(self, run_dir: Path, config: dict[str, Any], mode: str, project: str, entity: str | None,
+                 name: str, resume_id: str | None = None):
+        import wandb
+
+        self._wandb = wandb
+        self.run = wandb.init(project=project, entity=entity, name=name, config=config, mode=mode,
+                              dir=str(run_dir), id=resume_id, resume="allow" if resume_id else None)
+        if mode != "disabled":
+            # Async RL has several clocks; plot everything against the learner step by default.
+            self.run.define_metric("learner/step")
+            self.run.define_metric("*", step_metric="learner/step")
+
+    @property
+    def run_id(self) -> str | None:
+        return getattr(self.run, "id", None)
+
+    def log(self, record):
+        self.run.log({k: _clean(v) for k, v in record.items() if _clean(v) is not None})
+
+    def close(self, exit_code: int = 0):
+        self.run.finish(exit_code=exit_code)
+
+
+class ConsoleSink(MetricsSink):
+    """One compact line per step: the numbers a researcher watches for collapse."""
+
+    FIELDS = (
+        ("learner/step", "step", "{:d}"),
+        ("rollout/success", "succ", "{:.3f}"),
+        ("rollout/reward_mean", "rew", "{:+.3f}"),
+        ("rollout/in_group_reward_std", "std", "{:.3f}"),
+        ("actor/entropy", "ent", "{:.3f}"),
+        ("actor/grad_norm", "gnorm", "{:.3f}"),
+        ("staleness/mean", "stale", "{:.2f}"),
+        ("throughput/tokens_per_s", "tok/s", "{:.0f}"),
+        ("timing/step_s", "s", "{:.1f}"),
+    )
+
+    def __init__(self, console: Console | None = None):
+        self.console = console or Console(stderr=True)
+
+    def log(self, record):
+        parts = []
+        for key, label, fmt in self.FIELDS:
+            if key in record and record[key] is not None:
+                value = _clean(record[key])
+                parts.append(f"{label} " + (fmt.format(int(value)) if fmt.endswith("d}") else fmt.format(value)))
+        val = [f"{k.removeprefix('val/')} {_clean(v):.3f}" for k, v in record.items()
+               if k.startswith("val/") and k.endswith("/success")]
+        if val:
+            parts.append("[bold green]val[/] " + " ".join(val))
+        self.console.print(" | ".join(parts), highlight=False)
+
+
+class MultiSink(MetricsSink):
+    def __init__(self, sinks: list[MetricsSink]):
+        self.sinks = sinks
+
+    def log(self, record):
+        for s in self.sinks:
+            s.log(record)
+
+    def close(self, exit_code: int = 0):
+        for s in self.sinks:
+            s.close(exit_code)
+
+
+class Timer:
+    """``with timer("gen"): ...`` accumulates wall seconds under ``timing/gen_s``."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = {}
+
+    def __call__(self, name: str) -> _TimerCtx:
+        return _TimerCtx(self, name)
+
+    def pop(self) -> dict[str, float]:
+        out = {f"timing/{k}_s": v for k, v in self.totals.items()}
+        self.totals = {}
+        return out
+
+
+class _TimerCtx:
+    def __init__(self, timer: Timer, name: str):
+        self.timer, self.name = timer, name
+
+    def __enter__(self) -> _TimerCtx:
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.timer.totals[self.name] = self.timer.totals.get(self.name, 0.0) + time.perf_counter() - self.t0

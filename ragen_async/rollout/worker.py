@@ -1,0 +1,161 @@
+"""The rollout worker: environment groups + agent protocol + one inference engine.
+
+A plain class used directly by the single-process loop and wrapped by the Ray rollout actor. Groups
+are identified by a *global sequence index* handed out by admission control; the index alone fixes
+which environment the group plays and from which seed, so the data a run trains on does not depend
+on which worker played it or in what order groups finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ragen_async.agent.chat import ChatFormat
+from ragen_async.agent.episode import AgentLimits, EnginePolicy, ReplyPolicy, play_episode, play_group
+from ragen_async.config import AgentConfig, EnvGroupSpec, InferenceConfig, RunConfig
+from ragen_async.envs.registry import make_env_from_tag
+from ragen_async.inference.base import InferenceEngine
+from ragen_async.protocol import Trajectory, TrajectoryGroup
+from ragen_async.transport.base import MessageSender
+
+log = logging.getLogger(__name__)
+
+
+def group_id_for(index: int) -> str:
+    """Group ids encode the global sequence index (the buffer orders batches by it)."""
+    return f"g{index:08d}"
+
+
+def agent_limits(agent: AgentConfig, inference: InferenceConfig) -> AgentLimits:
+    return AgentLimits(
+        max_turns=agent.max_turns,
+        max_actions_per_turn=agent.max_actions_per_turn,
+        max_actions_per_episode=agent.max_actions_per_episode,
+        max_tokens_per_turn=agent.max_tokens_per_turn,
+        format_penalty=agent.format_penalty,
+        context_budget_tokens=inference.max_model_len,
+        enable_think=agent.enable_think,
+    )
+
+
+@dataclass(frozen=True)
+class GroupAssignment:
+    env: EnvGroupSpec
+    seed: int
+
+
+def assign_group(index: int, envs: Sequence[EnvGroupSpec], base_seed: int) -> GroupAssignment:
+    """Group ``index`` of the run: within each step's block of groups, the first ``envs[0].n_groups``
+    play ``envs[0]``, and so on; the seed is ``base_seed + index`` (RAGEN: base + counter)."""
+    per_step = sum(e.n_groups for e in envs)
+    slot = index % per_step
+    for spec in envs:
+        if slot < spec.n_groups:
+            return GroupAssignment(spec, base_seed + index)
+        slot -= spec.n_groups
+    raise AssertionError("unreachable")
+
+
+class RolloutWorker:
+    def __init__(self, cfg: RunConfig, engine: InferenceEngine, chat: ChatFormat, *, worker_id: str = "w0",
+                 sender: MessageSender | None = None):
+        self.cfg = cfg
+        self.engine = engine
+        self.chat = chat
+        self.worker_id = worker_id
+        self.sender = sender
+        self.limits = agent_limits(cfg.agent, cfg.inference)
+        self.policy = EnginePolicy(engine, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                   stop_token_ids=(chat.end_of_turn_id,))
+        self.groups_played = 0
+        self.busy_s = 0.0
+
+    async def play_group(self, index: int) -> TrajectoryGroup:
+        a = assign_group(index, self.cfg.rollout.envs, self.cfg.rollout.seed)
+        group = await play_group(
+            self.policy, self.chat, lambda: make_env_from_tag(a.env.tag, **a.env.overrides), a.env.tag, a.seed,
+            self.cfg.rollout.group_size, self.limits, group_id=group_id_for(index), worker_id=self.worker_id)
+        self.groups_played += 1
+        return group
+
+    async def run(self, admit: Callable[[], Awaitable[int | None]], should_stop: Callable[[], bool],
+                  wait_s: float = 0.05) -> None:
+        """Play admitted groups, up to ``max_concurrent_groups`` at once, and send each when done.
+
+        ``admit`` returns the next group index or ``None`` when admission control says wait.
+        """
+        assert self.sender is not None, "run() needs a transport sender"
+        in_flight: set[asyncio.Task] = set()
+        limit = self.cfg.rollout.max_concurrent_groups
+        loop = asyncio.get_running_loop()
+        while not should_stop():
+            while len(in_flight) < limit and not should_stop():
+                index = await admit()
+                if index is None:
+                    break
+                in_flight.add(asyncio.create_task(self.play_group(index)))
+            if not in_flight:
+                await asyncio.sleep(wait_s)
+                continue
+            done, in_flight = await asyncio.wait(in_flight, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                group = task.result()  # a failed episode fails the worker loudly
+                await loop.run_in_executor(None, self.sender.send, group)
+        for task in in_flight:
+            task.cancel()
+
+
+def summarize_trajectories(trajectories: Sequence[Trajectory], prefix: str) -> dict[str, float]:
+    """Success, reward, validity and length statistics, overall and per environment tag."""
+    out: dict[str, float] = {}
+    by_tag: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajectories:
+        by_tag[t.env_tag].append(t)
+    for tag, trajs in [("", list(trajectories)), *sorted(by_tag.items())]:
+        if not trajs:
+            continue
+        key = f"{prefix}/{tag}/" if tag else f"{prefix}/"
+        turns = [turn for t in trajs for turn in t.turns]
+        out[key + "success"] = float(np.mean([t.success for t in trajs]))
+        if tag:
+            continue
+        out[key + "reward_mean"] = float(np.mean([t.score for t in trajs]))
+        out[key + "env_reward_mean"] = float(np.mean([t.env_reward for t in trajs]))
+        out[key + "valid_action_rate"] = float(np.mean([turn.format_ok for turn in turns])) if turns else 0.0
+        out[key + "num_turns"] = float(np.mean([len(t.turns) for t in trajs]))
+        out[key + "response_length"] = float(np.mean([t.num_response_tokens for t in trajs]))
+        out[key + "context_truncated_frac"] = float(np.mean([t.truncated_by_context for t in trajs]))
+    for tag, trajs in sorted(by_tag.items()):
+        out[f"{prefix}/{tag}/reward_mean"] = float(np.mean([t.score for t in trajs]))
+    return out
+
+
+def group_statistics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+    stds = [float(np.std(g.scores, ddof=1)) if len(g.scores) > 1 else 0.0 for g in groups]
+    return {"rollout/in_group_reward_std": float(np.mean(stds)) if stds else 0.0,
+            "rollout/groups": float(len(groups))}
+
+
+async def evaluate(policy: ReplyPolicy, chat: ChatFormat, envs: Sequence[EnvGroupSpec], seed: int,
+                   limits: AgentLimits, *, concurrency: int = 32,
+                   progress: Callable[[int], None] | None = None) -> list[Trajectory]:
+    """Play ``spec.n_groups`` fixed seeds (``seed``, ``seed+1``, ...) of every env, one episode each."""
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(spec: EnvGroupSpec, s: int) -> Trajectory:
+        async with sem:
+            env = make_env_from_tag(spec.tag, **spec.overrides)
+            traj = await play_episode(policy, chat, env, spec.tag, s, limits, group_id=f"val-{spec.tag}-{s}",
+                                      sampling_seed=s)
+            if progress:
+                progress(1)
+            return traj
+
+    jobs = [one(spec, seed + i) for spec in envs for i in range(spec.n_groups)]
+    return list(await asyncio.gather(*jobs))

@@ -1,0 +1,268 @@
+"""Staleness control: admission of new groups, per-token staleness, and staleness statistics.
+
+Definitions (DESIGN.md §3). Policy version v = weights after v optimizer steps. A sampled token produced
+by version u and trained on by the learner at version v has *staleness* v − u; a trajectory is as stale as
+its oldest sampled token, a group as its stalest trajectory. ``max_staleness = k`` bounds it.
+
+The bound is enforced in two places:
+
+1. :class:`AdmissionController` (this module) stops groups from *starting* too early — AReaL's rule: a
+   group may start only while ``groups_started < (k + v + 1) · groups_per_step``, where v is the version
+   every inference engine has loaded. If the learner consumes groups in admission order, group number i
+   is trained on at version ⌊i / B⌋ and was started at a published version v ≥ ⌊i / B⌋ − k, so its tokens
+   are at most k versions old.
+2. The trajectory buffer drops whatever still exceeds k when it would be consumed (a safety net for
+   reordering and dropped groups; every drop is counted).
+
+This module is pure: no ray, zmq, vllm or torch.distributed, no I/O, and no clock reads — every time is
+passed in by the caller, so decisions are deterministic and unit-testable.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import numpy as np
+
+from ragen_async.protocol import NO_VERSION, Trajectory, TrajectoryGroup
+
+__all__ = [
+    "AdmissionController",
+    "StalenessStats",
+    "format_group_id",
+    "group_staleness",
+    "parse_group_id",
+    "token_staleness",
+    "trajectory_staleness",
+]
+
+# --------------------------------------------------------------------------------------------------
+# Group ids carry the admission sequence index
+
+_GROUP_ID = re.compile(r"g(\d+)(?!\d)")
+
+
+def format_group_id(index: int) -> str:
+    """The group id of the group admitted with sequence ``index``: ``g00000042``.
+
+    Producers may append a suffix that starts with a non-digit (``g00000042-sokoban``); the index is what
+    orders batches deterministically, so it must come first.
+    """
+    if index < 0:
+        raise ValueError(f"group index must be >= 0, got {index}")
+    return f"g{index:08d}"
+
+
+def parse_group_id(group_id: str) -> int:
+    """Inverse of :func:`format_group_id` (ignores any suffix); ``ValueError`` if there is no index."""
+    match = _GROUP_ID.match(group_id)
+    if match is None:
+        raise ValueError(f"group id {group_id!r} does not start with 'g<index>' (see format_group_id)")
+    return int(match.group(1))
+
+
+# --------------------------------------------------------------------------------------------------
+# Admission control
+
+
+class AdmissionController:
+    """Decides whether a new group may start, AReaL-style; hands out global group sequence indices.
+
+    ``max_staleness=None`` admits everything (unbounded staleness). Indices are 0, 1, 2, … in admission
+    order and are never reused, even for groups that are later dropped, so ``index → (env, seed)`` stays
+    a unique, reproducible assignment.
+    """
+
+    def __init__(self, max_staleness: int | None, groups_per_step: int, published_version: int = 0) -> None:
+        if max_staleness is not None and max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0 or None, got {max_staleness}")
+        if groups_per_step < 1:
+            raise ValueError(f"groups_per_step must be >= 1, got {groups_per_step}")
+        if published_version < 0:
+            raise ValueError(f"published_version must be >= 0, got {published_version}")
+        self.max_staleness = max_staleness
+        self.groups_per_step = groups_per_step
+        self._published_version = published_version
+        self._next_index = 0
+        self._dropped = 0
+
+    @property
+    def published_version(self) -> int:
+        """The version every inference engine has loaded (the minimum over engines)."""
+        return self._published_version
+
+    @property
+    def groups_started(self) -> int:
+        """Groups admitted so far, minus those dropped: what counts against the budget."""
+        return self._next_index - self._dropped
+
+    @property
+    def groups_admitted(self) -> int:
+        """All groups ever admitted (the next sequence index)."""
+        return self._next_index
+
+    @property
+    def groups_dropped(self) -> int:
+        return self._dropped
+
+    def limit(self) -> int | None:
+        """``(k + v + 1) · groups_per_step``: how many groups may have started at this version."""
+        if self.max_staleness is None:
+            return None
+        return (self.max_staleness + self._published_version + 1) * self.groups_per_step
+
+    def capacity(self) -> int | None:
+        """How many more groups may start now (``None``: unbounded)."""
+        limit = self.limit()
+        return None if limit is None else max(0, limit - self.groups_started)
+
+    def try_admit(self) -> int | None:
+        """Admit one group: its global sequence index, or ``None`` if the budget is used up."""
+        capacity = self.capacity()
+        if capacity is not None and capacity <= 0:
+            return None
+        index = self._next_index
+        self._next_index += 1
+        return index
+
+    def set_published_version(self, version: int) -> None:
+        """Record that every engine now serves ``version`` (opens ``groups_per_step`` slots per version)."""
+        if version < self._published_version:
+            raise ValueError(f"published version went backwards: {self._published_version} -> {version}")
+        self._published_version = version
+
+    def on_dropped(self, n: int = 1) -> None:
+        """Return the budget of ``n`` groups the buffer dropped (or a producer abandoned).
+
+        A dropped group will never be trained on, yet it still counts as started. The learner only advances
+        the version (and with it the budget) after consuming a full batch, so without this the budget could
+        be spent on groups that never arrive: the learner would wait for data that admission refuses to
+        start, a deadlock. Returning the slot lets a replacement start; the buffer's consumption-time check
+        still guarantees the bound for it.
+        """
+        if n < 0:
+            raise ValueError(f"cannot drop a negative number of groups ({n})")
+        if n > self.groups_started:
+            raise ValueError(f"dropping {n} groups but only {self.groups_started} are outstanding")
+        self._dropped += n
+
+
+# --------------------------------------------------------------------------------------------------
+# Staleness of tokens, trajectories and groups
+
+
+def token_staleness(token_versions: np.ndarray, loss_mask: np.ndarray, learner_version: int) -> np.ndarray:
+    """int64 staleness ``learner_version − version`` of every sampled token (``loss_mask == 1``), in order."""
+    sampled = np.asarray(token_versions)[np.asarray(loss_mask).astype(bool)]
+    return learner_version - sampled.astype(np.int64)
+
+
+def trajectory_staleness(traj: Trajectory, learner_version: int) -> int:
+    """Staleness of the trajectory's oldest sampled token; 0 if it sampled nothing (nothing to train on)."""
+    oldest = traj.oldest_version
+    return 0 if oldest == NO_VERSION else learner_version - oldest
+
+
+def group_staleness(group: TrajectoryGroup, learner_version: int) -> int:
+    """Staleness of the group's stalest trajectory (what the buffer's drop rule compares with k)."""
+    return max(trajectory_staleness(t, learner_version) for t in group.trajectories)
+
+
+# --------------------------------------------------------------------------------------------------
+# Statistics
+
+
+def _mean(values: list[float] | list[int]) -> float:
+    return float(sum(values) / len(values)) if values else 0.0
+
+
+def _max(values: Iterable[float]) -> float:
+    return float(max(values, default=0.0))
+
+
+class StalenessStats:
+    """Per-learner-step staleness accounting of the groups a batch trains on.
+
+    Record each consumed group with :meth:`record_group` and each dropped group with
+    :meth:`record_dropped`; :meth:`summary` returns the step's metrics and resets. The key set is fixed
+    (zeros when nothing was recorded) so dashboards line up across steps and runs:
+
+    * ``staleness/mean|max|min``, ``staleness/tokens``: over consumed sampled tokens (token-weighted).
+    * ``staleness/token_hist/{i}`` for i = 0..``hist_max`` and ``staleness/token_hist/overflow``: the
+      fraction of those tokens with staleness i (negative staleness, which would be a version-accounting
+      bug, lands in bin 0 and shows up in ``staleness/min``).
+    * ``staleness/traj_mean|traj_max``: per trajectory (its oldest token).
+    * ``staleness/turn_mean|turn_max``: per turn, from the version loaded when the turn started.
+    * ``staleness/age_in_flight_s`` (finished_at − created_at) and ``staleness/age_queued_s``
+      (consumed_at − finished_at), means over groups, plus their ``_max_s``. The two clocks belong to
+      different hosts; keep them NTP-synchronised for the queued age to mean anything across machines.
+    * ``staleness/groups``, ``staleness/dropped_groups``: groups consumed and dropped since the last summary.
+    """
+
+    def __init__(self, hist_max: int = 8) -> None:
+        if hist_max < 0:
+            raise ValueError(f"hist_max must be >= 0, got {hist_max}")
+        self.hist_max = hist_max
+        self._reset()
+
+    def _reset(self) -> None:
+        self._hist = np.zeros(self.hist_max + 2, dtype=np.int64)  # bins 0..hist_max, then overflow
+        self._token_sum = 0
+        self._token_count = 0
+        self._token_max: int | None = None
+        self._token_min: int | None = None
+        self._traj: list[int] = []
+        self._turn: list[int] = []
+        self._in_flight: list[float] = []
+        self._queued: list[float] = []
+        self._dropped = 0
+
+    def record_group(self, group: TrajectoryGroup, learner_version: int, consumed_at: float) -> None:
+        """Account for a group trained on at ``learner_version``, taken from the buffer at ``consumed_at``."""
+        for traj in group.trajectories:
+            s = token_staleness(traj.token_versions, traj.loss_mask, learner_version)
+            if s.size:
+                self._hist += np.bincount(np.clip(s, 0, self.hist_max + 1), minlength=self.hist_max + 2)
+                self._token_sum += int(s.sum())
+                self._token_count += int(s.size)
+                hi, lo = int(s.max()), int(s.min())
+                self._token_max = hi if self._token_max is None else max(self._token_max, hi)
+                self._token_min = lo if self._token_min is None else min(self._token_min, lo)
+            self._traj.append(trajectory_staleness(traj, learner_version))
+            self._turn.extend(learner_version - turn.policy_version for turn in traj.turns)
+        self._in_flight.append(group.finished_at - group.created_at)
+        self._queued.append(consumed_at - group.finished_at)
+
+    def record_dropped(self, n: int = 1) -> None:
+        self._dropped += n
+
+    def summary(self) -> dict[str, float]:
+        """This step's metrics (see the class docstring); resets the accumulators."""
+        tokens = self._token_count
+        out: dict[str, float] = {
+            "staleness/mean": self._token_sum / tokens if tokens else 0.0,
+            "staleness/max": float(self._token_max or 0),
+            "staleness/min": float(self._token_min or 0),
+            "staleness/tokens": float(tokens),
+        }
+        fractions = self._hist / tokens if tokens else np.zeros_like(self._hist, dtype=np.float64)
+        for i in range(self.hist_max + 1):
+            out[f"staleness/token_hist/{i}"] = float(fractions[i])
+        out["staleness/token_hist/overflow"] = float(fractions[-1])
+        out.update(
+            {
+                "staleness/traj_mean": _mean(self._traj),
+                "staleness/traj_max": _max(self._traj),
+                "staleness/turn_mean": _mean(self._turn),
+                "staleness/turn_max": _max(self._turn),
+                "staleness/age_in_flight_s": _mean(self._in_flight),
+                "staleness/age_in_flight_max_s": _max(self._in_flight),
+                "staleness/age_queued_s": _mean(self._queued),
+                "staleness/age_queued_max_s": _max(self._queued),
+                "staleness/groups": float(len(self._in_flight)),
+                "staleness/dropped_groups": float(self._dropped),
+            }
+        )
+        self._reset()
+        return out

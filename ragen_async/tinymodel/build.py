@@ -1,0 +1,443 @@
+"""Build the project's tiny causal LM: tokenizer + Qwen2 model + a short format-only SFT warm start.
+
+``build_tiny_model(out_dir, seed)`` does, on CPU, in a few minutes and deterministically under ``seed``:
+
+1. trains the byte-level BPE tokenizer (:mod:`.tokenizer`) on ChatML conversations rendered from
+   every env tag (:mod:`.corpus`);
+2. initialises a small ``Qwen2ForCausalLM`` (head size >= 32 for vLLM's CPU kernels, tied embeddings,
+   float32);
+3. plays episodes of every env tag with uniformly random valid actions through the real agent code
+   path (``agent.episode.play_episode`` + ``ChatFormat``), so the SFT sequences are token-exact with
+   rollouts, and trains cross-entropy on the reply tokens only (the loss mask). The model learns the
+   reply format and nothing about the tasks;
+4. saves model, tokenizer, generation config (eos = ``<|im_end|>``) and ``build_info.json``.
+
+``ensure_tiny_model(out_dir, seed)`` builds only when ``out_dir`` lacks a complete build with the same
+cache key (a hash of the build config, the format version and a fingerprint of the env/prompt text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ragen_async.tinymodel import corpus
+
+FORMAT_VERSION = 1
+"""Bump when the build procedure changes in a way the config does not capture (forces rebuilds)."""
+
+BUILD_INFO = "build_info.json"
+REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                  "generation_config.json", BUILD_INFO)
+DEFAULT_OUT_DIR = Path("artifacts/tiny-model")
+
+Log = Callable[[str], None]
+
+
+def _print(msg: str) -> None:
+    print(f"[make-model] {msg}", flush=True)
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """Everything that determines a build (together with the seed). Part of the cache key."""
+
+    env_tags: tuple[str, ...] = corpus.ENV_TAGS
+    # tokenizer
+    vocab_size: int = 1536
+    """Target vocabulary size (BPE stops earlier when the corpus has no more frequent pairs)."""
+    tokenizer_episodes_per_tag: int = 300
+    # model (Qwen2)
+    hidden_size: int = 128
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    intermediate_size: int = 384
+    max_position_embeddings: int = 4096
+    rope_theta: float = 10000.0
+    # SFT warm start
+    sft_steps: int = 300
+    sft_batch_size: int = 8
+    sft_lr: float = 3e-3
+    sft_warmup_steps: int = 20
+    sft_weight_decay: float = 0.01
+    sft_episodes_per_tag: int = 400
+    max_turns: int = 5
+    """Turns per SFT episode (the agent default)."""
+    max_actions_per_turn: int = 5
+    """Warm-start replies carry 1..min(this, actions left) actions, uniformly."""
+    max_tokens_per_turn: int = 400
+    """Only appears in the prompt text ("Keep the reply under N tokens")."""
+    num_threads: int = 2
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "env_tags", tuple(self.env_tags))
+        head_dim = self.hidden_size // self.num_attention_heads
+        if self.hidden_size % self.num_attention_heads or head_dim < 32:
+            raise ValueError(f"hidden_size / num_attention_heads must be an integer >= 32 (vLLM CPU kernels); "
+                             f"got {self.hidden_size} / {self.num_attention_heads}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if self.sft_steps < 0 or self.sft_batch_size < 1 or self.sft_episodes_per_tag < 1:
+            raise ValueError("sft_steps must be >= 0, sft_batch_size and sft_episodes_per_tag >= 1")
+        if not self.env_tags:
+            raise ValueError("env_tags must not be empty")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["env_tags"] = list(self.env_tags)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TinyModelConfig:
+        return cls(**d)
+
+
+# ---------------------------------------------------------------------------------------------
+# cache key
+
+
+def env_fingerprint(tags: tuple[str, ...]) -> str:
+    """Hash of the text the environments and prompts produce (two random episodes per tag): a change
+    in env or prompt wording changes the cache key, so a stale model is never reused silently."""
+    h = hashlib.sha256()
+    rng = random.Random(0)
+    from ragen_async.agent.episode import AgentLimits
+
+    for tag in tags:
+        env = corpus.make_env(tag)
+        for seed in range(2):
+            h.update(corpus.render_chatml(corpus.random_conversation(env, seed, rng, AgentLimits())).encode())
+    return h.hexdigest()[:16]
+
+
+def cache_key(config: TinyModelConfig, seed: int) -> str:
+    payload = json.dumps({"format_version": FORMAT_VERSION, "seed": seed, "config": config.to_dict(),
+                          "env_fingerprint": env_fingerprint(config.env_tags)}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def read_build_info(out_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((Path(out_dir) / BUILD_INFO).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def is_complete_build(out_dir: Path, key: str | None = None) -> bool:
+    """``out_dir`` holds every file of a finished build (and, if given, one with cache key ``key``)."""
+    out_dir = Path(out_dir)
+    if not all((out_dir / name).is_file() for name in REQUIRED_FILES):
+        return False
+    info = read_build_info(out_dir)
+    return info is not None and info.get("complete") is True and (key is None or info.get("cache_key") == key)
+
+
+# ---------------------------------------------------------------------------------------------
+# determinism
+
+
+@contextlib.contextmanager
+def _deterministic(seed: int, num_threads: int) -> Iterator[None]:
+    """Seed every generator and pin torch to ``num_threads`` deterministic threads; restore after."""
+    prev_threads = torch.get_num_threads()
+    prev_det = torch.are_deterministic_algorithms_enabled()
+    py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.set_num_threads(num_threads)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(prev_det)
+        torch.set_num_threads(prev_threads)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.set_rng_state(torch_state)
+
+
+# ---------------------------------------------------------------------------------------------
+# pieces
+
+
+def make_model_config(config: TinyModelConfig, tokenizer) -> Any:
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype="float32",
+    )
+
+
+@dataclass
+class SFTExample:
+    tag: str
+    token_ids: list[int]
+    loss_mask: list[int]
+
+
+def make_sft_examples(chat, config: TinyModelConfig, seed: int) -> list[SFTExample]:
+    """Episodes of every tag played with random well-formed replies through ``play_episode``."""
+    from ragen_async.agent.episode import AgentLimits, play_episode
+
+    limits = AgentLimits(max_turns=config.max_turns, max_actions_per_turn=config.max_actions_per_turn,
+                         max_tokens_per_turn=config.max_tokens_per_turn,
+                         context_budget_tokens=config.max_position_embeddings)
+
+    async def play_all() -> list[SFTExample]:
+        examples = []
+        for t, tag in enumerate(config.env_tags):
+            policy = corpus.RandomFormatPolicy(chat, config.max_actions_per_turn, seed=seed * 1_000 + t)
+            env = corpus.make_env(tag)
+            for i in range(config.sft_episodes_per_tag):
+                # Seeds far from the small ones evaluations use (the model learns nothing about levels anyway).
+                traj = await play_episode(policy, chat, env, tag, 1_000_000 + seed * 100_000 + i, limits)
+                examples.append(SFTExample(tag, traj.token_ids.tolist(), traj.loss_mask.tolist()))
+        return examples
+
+    return asyncio.run(play_all())
+
+
+def _batches(examples: list[SFTExample], batch_size: int, steps: int, rng: random.Random) -> Iterator[list[SFTExample]]:
+    """``steps`` batches: epochs of shuffled examples, bucketed by length to limit padding."""
+    produced = 0
+    while True:
+        order = list(range(len(examples)))
+        rng.shuffle(order)
+        chunk = batch_size * 16
+        batches = []
+        for start in range(0, len(order), chunk):
+            part = sorted(order[start:start + chunk], key=lambda i: len(examples[i].token_ids))
+            batches += [part[j:j + batch_size] for j in range(0, len(part), batch_size)]
+        rng.shuffle(batches)
+        for b in batches:
+            if produced == steps:
+                return
+            yield [examples[i] for i in b]
+            produced += 1
+
+
+def _collate(batch: list[SFTExample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids and the target mask (1 where the *next* token is a reply token)."""
+    length = max(len(e.token_ids) for e in batch)
+    ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), length), dtype=torch.bool)
+    for row, e in enumerate(batch):
+        ids[row, :len(e.token_ids)] = torch.tensor(e.token_ids)
+        mask[row, :len(e.loss_mask)] = torch.tensor(e.loss_mask, dtype=torch.bool)
+    return ids, mask
+
+
+def reply_token_loss(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over reply tokens only. Right padding needs no attention mask
+    under causal attention; logits are computed only where a reply token is predicted."""
+    hidden = model.model(input_ids=ids).last_hidden_state[:, :-1]
+    targets_mask = mask[:, 1:]
+    logits = model.lm_head(hidden[targets_mask])
+    return torch.nn.functional.cross_entropy(logits.float(), ids[:, 1:][targets_mask])
+
+
+def sft(model, examples: list[SFTExample], config: TinyModelConfig, seed: int, pad_id: int,
+        log: Log = _print) -> list[float]:
+    """Supervised warm start on reply tokens; returns the per-step loss."""
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": config.sft_weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=config.sft_lr, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+
+    def lr_at(step: int) -> float:  # linear warm-up, cosine decay to 10%
+        if step < config.sft_warmup_steps:
+            return (step + 1) / config.sft_warmup_steps
+        progress = (step - config.sft_warmup_steps) / max(1, config.sft_steps - config.sft_warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    rng = random.Random(seed)
+    losses: list[float] = []
+    t0 = time.perf_counter()
+    report_every = max(1, config.sft_steps // 10)
+    for step, batch in enumerate(_batches(examples, config.sft_batch_size, config.sft_steps, rng)):
+        ids, mask = _collate(batch, pad_id)
+        loss = reply_token_loss(model, ids, mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=False)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+        if (step + 1) % report_every == 0 or step + 1 == config.sft_steps:
+            recent = losses[-report_every:]
+            log(f"sft step {step + 1}/{config.sft_steps}: loss {sum(recent) / len(recent):.4f} "
+                f"({time.perf_counter() - t0:.0f} s)")
+    model.eval()
+    return losses
+
+
+def _loss_summary(losses: list[float]) -> dict[str, Any]:
+    if not losses:
+        return {"steps": 0}
+    k = max(1, len(losses) // 10)
+    return {
+        "steps": len(losses),
+        "first": losses[0],
+        "final": sum(losses[-k:]) / k,
+        "final_window": k,
+        "min": min(losses),
+        "curve": [round(sum(losses[i:i + k]) / len(losses[i:i + k]), 5) for i in range(0, len(losses), k)],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# build
+
+
+def build_tiny_model(out_dir: Path | str, seed: int = 0, config: TinyModelConfig | None = None,
+                     log: Log = _print, **overrides: Any) -> Path:
+    """Build the tiny model into ``out_dir`` (replacing a previous build there); returns ``out_dir``.
+
+    ``overrides`` are :class:`TinyModelConfig` fields (e.g. ``sft_steps=20`` for a quick build).
+    """
+    import tokenizers
+    import transformers
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
+    from ragen_async.agent.chat import ChatFormat
+    from ragen_async.tinymodel.tokenizer import check_tokenizer, train_tokenizer
+
+    config = dataclasses.replace(config or TinyModelConfig(), **overrides)
+    out_dir = Path(out_dir)
+    _check_replaceable(out_dir)
+    t_start = time.perf_counter()
+    timings: dict[str, float] = {}
+    key = cache_key(config, seed)
+    log(f"building the tiny model into {out_dir} (seed {seed}, cache key {key})")
+
+    with _deterministic(seed, config.num_threads):
+        t = time.perf_counter()
+        texts = list(corpus.corpus_texts(config.env_tags, config.tokenizer_episodes_per_tag, seed=seed))
+        tokenizer = train_tokenizer(texts, vocab_size=config.vocab_size)
+        check_tokenizer(tokenizer)
+        chat = ChatFormat(tokenizer)
+        timings["tokenizer_s"] = time.perf_counter() - t
+        log(f"tokenizer: {len(tokenizer)} tokens from {len(texts)} conversations ({timings['tokenizer_s']:.1f} s)")
+
+        t = time.perf_counter()
+        examples = make_sft_examples(chat, config, seed)
+        timings["sft_data_s"] = time.perf_counter() - t
+        n_tokens = sum(len(e.token_ids) for e in examples)
+        n_reply = sum(sum(e.loss_mask) for e in examples)
+        log(f"sft data: {len(examples)} episodes, {n_tokens} tokens, {n_reply} reply tokens "
+            f"({timings['sft_data_s']:.1f} s)")
+
+        model_config = make_model_config(config, tokenizer)
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(model_config).float()
+        n_params = sum(p.numel() for p in model.parameters())
+        log(f"model: Qwen2, {n_params:,} parameters, head_dim {config.head_dim}")
+
+        t = time.perf_counter()
+        losses = sft(model, examples, config, seed, tokenizer.pad_token_id, log=log)
+        timings["sft_s"] = time.perf_counter() - t
+
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+        do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=config.max_tokens_per_turn)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    timings["total_s"] = time.perf_counter() - t_start
+    info = {
+        "complete": True,
+        "format_version": FORMAT_VERSION,
+        "cache_key": key,
+        "env_fingerprint": env_fingerprint(config.env_tags),
+        "seed": seed,
+        "config": config.to_dict(),
+        "model_config": {k: model_config.to_dict()[k] for k in (
+            "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "max_position_embeddings", "tie_word_embeddings")},
+        "head_dim": config.head_dim,
+        "parameter_count": n_params,
+        "vocab_size": len(tokenizer),
+        "sft_data": {"episodes": len(examples), "tokens": n_tokens, "reply_tokens": n_reply},
+        "sft_loss": _loss_summary(losses),
+        "timings_s": {k: round(v, 2) for k, v in timings.items()},
+        "build_wall_time_s": round(timings["total_s"], 2),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "tokenizers": tokenizers.__version__},
+    }
+    (tmp / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    final = info["sft_loss"].get("final")
+    log(f"done in {timings['total_s']:.1f} s: {n_params:,} parameters, final SFT loss "
+        f"{final if final is None else round(final, 4)} -> {out_dir}")
+    return out_dir
+
+
+def _check_replaceable(out_dir: Path) -> None:
+    """Refuse to overwrite a non-empty directory that is not a tiny-model build."""
+    if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir()) and not (out_dir / BUILD_INFO).exists()
+                                                       and not (out_dir / "config.json").exists())):
+        raise FileExistsError(f"{out_dir} exists and is not a tiny-model build; refusing to replace it")
+
+
+def ensure_tiny_model(out_dir: Path | str = DEFAULT_OUT_DIR, seed: int = 0, config: TinyModelConfig | None = None,
+                      force: bool = False, log: Log = _print, **overrides: Any) -> Path:
+    """Return ``out_dir`` holding a complete build for (``config`` + ``overrides``, ``seed``), building it
+    only when it is missing, incomplete or built from a different config."""
+    config = dataclasses.replace(config or TinyModelConfig(), **overrides)
+    out_dir = Path(out_dir)
+    key = cache_key(config, seed)
+    if not force and is_complete_build(out_dir, key):
+        log(f"{out_dir} already holds a complete build (cache key {key}); not rebuilding")
+        return out_dir
+    if force:
+        reason = "--force"
+    elif not out_dir.exists():
+        reason = "no build there yet"
+    elif not is_complete_build(out_dir):
+        reason = "the build there is incomplete"
+    else:
+        reason = f"the build there has cache key {read_build_info(out_dir).get('cache_key')}, wanted {key} " \
+                 "(different config, seed, format version or env text)"
+    log(f"building {out_dir}: {reason}")
+    return build_tiny_model(out_dir, seed=seed, config=config, log=log)

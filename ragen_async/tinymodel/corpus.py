@@ -1,0 +1,112 @@
+"""Text the environments themselves generate: the corpus the tiny tokenizer is trained on and the
+reply generator the tiny model is warm-started with.
+
+Everything here goes through the real agent code (``agent.prompts`` for prompt text,
+``agent.parsing.format_reply`` for reply text), so the tokenizer's merges fit exactly the text rollouts
+produce. Replies are *task-agnostic*: uniformly random valid actions, a uniformly random number of
+them per turn, and a short generic thought — the warm-started model learns the format and nothing
+about the tasks.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+
+from ragen_async.agent.chat import ChatFormat
+from ragen_async.agent.episode import AgentLimits, ReplyPolicy
+from ragen_async.agent.parsing import format_reply
+from ragen_async.agent.prompts import SYSTEM_PROMPT, feedback_user_message, first_user_message
+from ragen_async.envs.base import TextEnv
+from ragen_async.inference.base import Generation
+
+ENV_TAGS: tuple[str, ...] = ("Bandit", "BanditTest", "SimpleSokoban", "LargerSokoban", "FrozenLake", "Countdown")
+"""Every env tag the tiny model is built for (the registry's tags, as of this format version)."""
+
+GENERIC_THOUGHTS: tuple[str, ...] = (
+    "",
+    "",
+    "Let me try.",
+    "I will act.",
+    "Let me think.",
+    "I am not sure.",
+    "This may work.",
+)
+"""Think text of warm-start replies: short, generic, with no information about the task."""
+
+
+def make_env(tag: str) -> TextEnv:
+    """A fresh environment for ``tag`` from the project's env registry."""
+    from ragen_async.envs.registry import make_env_from_tag
+
+    return make_env_from_tag(tag)
+
+
+def random_reply_text(env: TextEnv, actions_left: int, max_actions_per_turn: int, rng: random.Random) -> str:
+    """A well-formed reply (after the forced ``<think>`` prefix) with 1..max uniformly random actions."""
+    n = rng.randint(1, max(1, min(max_actions_per_turn, actions_left)))
+    actions = [env.random_action(rng) for _ in range(n)]
+    return format_reply(actions, think=rng.choice(GENERIC_THOUGHTS))
+
+
+class RandomFormatPolicy(ReplyPolicy):
+    """Scripted warm-start policy: :func:`random_reply_text` encoded through ``ChatFormat``, ending with
+    the end-of-turn token — token-for-token what a model that learned the format would sample."""
+
+    def __init__(self, chat: ChatFormat, max_actions_per_turn: int, seed: int = 0):
+        self.chat = chat
+        self.max_actions_per_turn = max_actions_per_turn
+        self.rng = random.Random(seed)
+
+    async def reply(self, context_ids, env, actions_left, max_tokens, request_seed):
+        text = random_reply_text(env, actions_left, self.max_actions_per_turn, self.rng)
+        ids = self.chat.encode(text) + [self.chat.end_of_turn_id]
+        return Generation(token_ids=ids, logprobs=[0.0] * len(ids), start_version=0, end_version=0,
+                          finish_reason="stop")
+
+
+def render_chatml(messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
+    """ChatML exactly as the tiny tokenizer's chat template renders it (used before a tokenizer exists)."""
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+def random_conversation(env: TextEnv, seed: int, rng: random.Random, limits: AgentLimits) -> list[dict[str, str]]:
+    """One episode of ``env`` from ``seed`` played with random well-formed replies, as chat messages
+    (the same messages ``play_episode`` would build; assistant turns start with the ``<think>`` prefix)."""
+    state, _ = env.reset(seed=seed)
+    budget = limits.max_actions_per_episode or env.max_actions_per_episode
+    actions_left = budget
+    messages = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": first_user_message(env, state, actions_left, budget, limits.max_tokens_per_turn)},
+    ]
+    for turn in range(1, limits.max_turns + 1):
+        n = rng.randint(1, max(1, min(limits.max_actions_per_turn, actions_left)))
+        actions = [env.random_action(rng) for _ in range(n)]
+        messages.append({"role": "assistant", "content": "<think>" + format_reply(actions, rng.choice(GENERIC_THOUGHTS))})
+        reward, done = 0.0, False
+        for action in actions:
+            state, step_reward, terminated, truncated, _ = env.step(action)
+            reward += float(step_reward)
+            actions_left -= 1
+            if terminated or truncated:
+                done = True
+                break
+        if done or actions_left <= 0 or turn == limits.max_turns:
+            break
+        messages.append({"role": "user", "content": feedback_user_message(
+            reward, turn + 1, state, actions_left, limits.max_tokens_per_turn)})
+    return messages
+
+
+def corpus_texts(tags: tuple[str, ...], seeds_per_tag: int, seed: int = 0,
+                 limits: AgentLimits | None = None,
+                 env_factory: Callable[[str], TextEnv] = make_env) -> Iterator[str]:
+    """Rendered ChatML conversations: ``seeds_per_tag`` random episodes of every tag."""
+    limits = limits or AgentLimits()
+    rng = random.Random(seed)
+    for tag in tags:
+        env = env_factory(tag)
+        for episode_seed in range(seeds_per_tag):
+            yield render_chatml(random_conversation(env, 10_000 * seed + episode_seed, rng, limits))

@@ -1,0 +1,207 @@
+"""The weight plane: publishing the learner's weights to the inference engines.
+
+A :class:`WeightPublisher` lives on learner rank 0 and pushes checkpoint-format (HF-named) tensors
+tagged with a policy version. This module also holds the wire format shared by the publisher and the
+receiving side (the vLLM worker extension imports it): a *manifest* describing the tensors, a
+deterministic plan that packs them into few flat buffers, and a header that lets the receiver detect
+a publisher/receiver disagreement instead of loading garbage. It is pure torch (no distributed).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+ManifestEntry = tuple[str, str, list[int]]
+"""``(name, dtype, shape)``, dtype as ``"float32"``/``"bfloat16"``/…; plain types so it travels
+through msgpack/msgspec (vLLM ``collective_rpc``) and Ray unchanged."""
+Manifest = list[ManifestEntry]
+
+DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
+"""Upper bound of one packed buffer (a tensor larger than this travels alone)."""
+
+HEADER_MAGIC = 0x52414745  # "RAGE"
+HEADER_LEN = 6
+
+
+class WeightSyncError(RuntimeError):
+    """A weight sync failed (peer dead, mismatch, ...). The message names the group and peer."""
+
+
+class WeightSyncTimeout(WeightSyncError, TimeoutError):
+    """A weight-sync collective did not complete within its timeout."""
+
+
+# ---- manifest and packing -------------------------------------------------------------------
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype name {name!r}")
+    return dtype
+
+
+def make_manifest(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Manifest:
+    """The manifest of ``named_tensors``, in order."""
+    return [(name, dtype_name(t.dtype), list(t.shape)) for name, t in named_tensors]
+
+
+def manifest_crc(manifest: Sequence[ManifestEntry]) -> int:
+    """A checksum of the manifest, so both sides can confirm they planned the same transfer."""
+    canon = json.dumps([[n, d, list(s)] for n, d, s in manifest], separators=(",", ":"))
+    return zlib.crc32(canon.encode())
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One packed buffer: the manifest indices it holds (in order) and its total element count."""
+
+    dtype: str
+    indices: tuple[int, ...]
+    numel: int
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def plan_buckets(manifest: Sequence[ManifestEntry], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+                 ) -> list[Bucket]:
+    """Group the manifest into per-dtype buffers of at most ``bucket_bytes`` (deterministic: both
+    sides compute the same plan from the same manifest). Buckets are emitted when they fill, then
+    the partly filled ones in order of their dtype's first appearance."""
+    out: list[Bucket] = []
+    open_: OrderedDict[str, tuple[list[int], int]] = OrderedDict()
+    for i, (_, dt, shape) in enumerate(manifest):
+        n = _numel(shape)
+        size = n * dtype_from_name(dt).itemsize
+        idx, numel = open_.get(dt, ([], 0))
+        if idx and (numel * dtype_from_name(dt).itemsize + size) > bucket_bytes:
+            out.append(Bucket(dt, tuple(idx), numel))
+            idx, numel = [], 0
+        idx.append(i)
+        open_[dt] = (idx, numel + n)
+    for dt, (idx, numel) in open_.items():
+        if idx:
+            out.append(Bucket(dt, tuple(idx), numel))
+    return out
+
+
+def pack_bucket(bucket: Bucket, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Concatenate the bucket's tensors (indexed like the manifest) into one flat CPU buffer,
+    returned as raw bytes (uint8) so any dtype travels through any backend."""
+    dtype = dtype_from_name(bucket.dtype)
+    flat = torch.empty(bucket.numel, dtype=dtype)
+    off = 0
+    for i in bucket.indices:
+        t = tensors[i].detach()
+        if t.dtype != dtype:
+            raise WeightSyncError(f"tensor {i} has dtype {t.dtype}, manifest says {bucket.dtype}")
+        n = t.numel()
+        flat[off: off + n].copy_(t.reshape(-1))
+        off += n
+    return flat.view(torch.uint8)
+
+
+def unpack_bucket(bucket: Bucket, raw: torch.Tensor, manifest: Sequence[ManifestEntry]
+                  ) -> list[tuple[str, torch.Tensor]]:
+    """Inverse of :func:`pack_bucket`: views into ``raw`` (no copy), named as in the manifest."""
+    flat = raw.view(dtype_from_name(bucket.dtype))
+    out = []
+    off = 0
+    for i in bucket.indices:
+        name, _, shape = manifest[i]
+        n = _numel(shape)
+        out.append((name, flat[off: off + n].view(tuple(shape))))
+        off += n
+    return out
+
+
+def bucket_nbytes(bucket: Bucket) -> int:
+    return bucket.numel * dtype_from_name(bucket.dtype).itemsize
+
+
+def make_header(manifest: Sequence[ManifestEntry], version: int, bucket_bytes: int) -> torch.Tensor:
+    return torch.tensor([HEADER_MAGIC, version, len(manifest), bucket_bytes, manifest_crc(manifest),
+                         len(plan_buckets(manifest, bucket_bytes))], dtype=torch.int64)
+
+
+def check_header(header: torch.Tensor, manifest: Sequence[ManifestEntry], version: int,
+                 where: str) -> int:
+    """Validate a received header against what this side expects; returns the bucket size."""
+    magic, h_version, n, bucket_bytes, crc, _ = (int(x) for x in header.tolist())
+    if magic != HEADER_MAGIC:
+        raise WeightSyncError(f"{where}: bad header (magic {magic:#x}); is the peer a "
+                              "GlooBroadcastPublisher of this version?")
+    if h_version != version or n != len(manifest) or crc != manifest_crc(manifest):
+        raise WeightSyncError(
+            f"{where}: publisher sends version {h_version} with {n} tensors (manifest crc {crc:#x}) "
+            f"but this receiver expected version {version} with {len(manifest)} tensors "
+            f"(crc {manifest_crc(manifest):#x}); publisher and receivers must use the same manifest")
+    return bucket_bytes
+
+
+# ---- publisher ABC and ring buffer ----------------------------------------------------------
+class WeightPublisher(ABC):
+    """Learner rank 0's side of the weight plane."""
+
+    @abstractmethod
+    def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Make ``named_tensors`` (HF checkpoint names) the engines' weights at ``version``.
+        Blocks until the transfer is done (or raises :class:`WeightSyncError`)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Tear down the transport. Idempotent."""
+
+
+class RingBuffer:
+    """The ``capacity`` most recent state dicts, as detached CPU copies, keyed by version.
+
+    For fixed-lag publishing: push every new version, publish ``get(v - k)``.
+    """
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1 (got {capacity})")
+        self.capacity = capacity
+        self._items: OrderedDict[int, dict[str, torch.Tensor]] = OrderedDict()
+
+    def push(self, version: int, state: Iterable[tuple[str, torch.Tensor]] | dict[str, torch.Tensor]
+             ) -> None:
+        if self._items and version <= next(reversed(self._items)):
+            raise ValueError(f"versions must increase: got {version} after "
+                             f"{next(reversed(self._items))}")
+        items = state.items() if isinstance(state, dict) else state
+        self._items[version] = {n: t.detach().to("cpu", copy=True) for n, t in items}
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+
+    def get(self, version: int) -> dict[str, torch.Tensor]:
+        if version not in self._items:
+            raise KeyError(f"version {version} not in ring buffer (holds {self.versions()})")
+        return self._items[version]
+
+    def __contains__(self, version: object) -> bool:
+        return version in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def versions(self) -> list[int]:
+        return list(self._items)
+
+    def latest(self) -> int | None:
+        return next(reversed(self._items)) if self._items else None

@@ -1,0 +1,195 @@
+"""Weight broadcast over a dedicated gloo process group (CPU, or any machine without NCCL).
+
+Group: learner rank 0 (the publisher, which also hosts the ``TCPStore``) plus every inference worker
+at ranks ``1..num_receivers``. It is a *separate* ``ProcessGroupGloo`` built from its own store, never
+the learner's default group nor vLLM's, so it cannot interfere with either.
+
+Protocol of one sync (both sides derive everything from the same manifest)::
+
+    orchestrator: manifest = publisher.manifest(named_tensors)
+    concurrently: publisher.publish(named_tensors, v)          # learner rank 0
+                  engine.receive_broadcast(manifest, v)         # every engine
+    wire:         header (int64[6]: magic, version, #tensors, bucket bytes, manifest crc, #buckets)
+                  then one broadcast per packed buffer (per dtype, <= bucket bytes, as raw bytes)
+
+Every collective has a timeout; a timeout or a dead peer raises :class:`WeightSyncError` /
+:class:`WeightSyncTimeout` naming the group. After an error the group is unusable: close it and
+build a new one (``connect``/``init_weight_group`` again, on a fresh port).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from ragen_async.weight_sync.base import (
+    DEFAULT_BUCKET_BYTES,
+    HEADER_LEN,
+    Manifest,
+    ManifestEntry,
+    WeightPublisher,
+    WeightSyncError,
+    WeightSyncTimeout,
+    bucket_nbytes,
+    check_header,
+    make_header,
+    make_manifest,
+    pack_bucket,
+    plan_buckets,
+    unpack_bucket,
+)
+
+log = logging.getLogger(__name__)
+
+STORE_PREFIX = "ragen_async/weight_sync"
+
+
+def group_name(master_address: str, master_port: int) -> str:
+    return f"tcp://{master_address}:{master_port}"
+
+
+def _is_timeout(err: BaseException) -> bool:
+    msg = str(err).lower()
+    return "timed out" in msg or "timeout" in msg
+
+
+def _wrap(err: BaseException, what: str, timeout_s: float) -> WeightSyncError:
+    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if _is_timeout(err):
+        return WeightSyncTimeout(f"{what}: timed out after {timeout_s:g} s ({first_line})")
+    return WeightSyncError(f"{what}: failed ({first_line})")
+
+
+def open_group(master_address: str, master_port: int, world_size: int, rank: int, timeout_s: float,
+               store: Any = None) -> Any:
+    """Join (rank > 0) or create (rank 0, with its master ``store``) the gloo weight group.
+    Blocks until all ``world_size`` ranks joined or ``timeout_s`` passed."""
+    from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
+
+    timeout = dt.timedelta(seconds=timeout_s)
+    where = f"weight group {group_name(master_address, master_port)} (rank {rank}/{world_size})"
+    try:
+        if store is None:
+            store = TCPStore(master_address, master_port, world_size, False, timeout=timeout)
+        return ProcessGroupGloo(PrefixStore(STORE_PREFIX, store), rank, world_size, timeout)
+    except Exception as err:  # noqa: BLE001 - torch raises several types here
+        who = "the publisher (learner rank 0)" if rank else "the engines"
+        raise _wrap(err, f"{where}: waiting for {who} to join", timeout_s) from err
+
+
+def broadcast(pg: Any, tensor: torch.Tensor, timeout_s: float, what: str) -> None:
+    """``pg.broadcast(tensor, root=0)`` with a timeout; errors name ``what``."""
+    try:
+        pg.broadcast(tensor, 0).wait(dt.timedelta(seconds=timeout_s))
+    except Exception as err:  # noqa: BLE001
+        raise _wrap(err, what, timeout_s) from err
+
+
+def receive_weights(pg: Any, manifest: Sequence[ManifestEntry], version: int, timeout_s: float,
+                    where: str) -> list[tuple[str, torch.Tensor]]:
+    """Receiver side of one sync: header, then the packed buffers; returns ``(name, tensor)`` in
+    manifest order (views into the received buffers)."""
+    manifest = [(str(n), str(d), [int(x) for x in s]) for n, d, s in manifest]
+    header = torch.zeros(HEADER_LEN, dtype=torch.int64)
+    broadcast(pg, header, timeout_s, f"{where}: header of version {version}")
+    bucket_bytes = check_header(header, manifest, version, where)
+    named: list[tuple[str, torch.Tensor]] = []
+    for i, bucket in enumerate(plan_buckets(manifest, bucket_bytes)):
+        raw = torch.empty(bucket_nbytes(bucket), dtype=torch.uint8)
+        broadcast(pg, raw, timeout_s, f"{where}: buffer {i} of version {version}")
+        named.extend(unpack_bucket(bucket, raw, manifest))
+    order = {n: i for i, (n, _, _) in enumerate(manifest)}
+    named.sort(key=lambda item: order[item[0]])
+    return named
+
+
+class GlooBroadcastPublisher(WeightPublisher):
+    """Learner rank 0: hosts the group's ``TCPStore`` and broadcasts packed weights.
+
+    ``master_port=0`` picks a free port (read it back from :attr:`master_port`). The group forms in
+    :meth:`connect`, which blocks until every receiver called its ``init_weight_group`` (so run both
+    concurrently, e.g. :func:`connect_engines`); :meth:`publish` connects first if needed.
+    """
+
+    def __init__(self, master_address: str, master_port: int, num_receivers: int,
+                 timeout_s: float = 60.0, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+        from torch.distributed import TCPStore
+
+        if num_receivers < 1:
+            raise ValueError(f"num_receivers must be >= 1 (got {num_receivers})")
+        self.master_address = master_address
+        self.num_receivers = num_receivers
+        self.world_size = num_receivers + 1
+        self.timeout_s = float(timeout_s)
+        self.bucket_bytes = int(bucket_bytes)
+        self._store = TCPStore(master_address, master_port, self.world_size, True,
+                               timeout=dt.timedelta(seconds=self.timeout_s), wait_for_workers=False)
+        self.master_port = int(self._store.port)
+        self._pg: Any = None
+        self.last_publish_s: float | None = None
+
+    @property
+    def name(self) -> str:
+        return group_name(self.master_address, self.master_port)
+
+    @property
+    def connected(self) -> bool:
+        return self._pg is not None
+
+    def connect(self) -> None:
+        if self._store is None:
+            raise WeightSyncError(f"weight group {self.name}: publisher is closed")
+        if self._pg is None:
+            self._pg = open_group(self.master_address, self.master_port, self.world_size, 0,
+                                  self.timeout_s, store=self._store)
+
+    @staticmethod
+    def manifest(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Manifest:
+        """What the receivers must be told (pass it to each engine's ``receive_broadcast``)."""
+        return make_manifest(named_tensors)
+
+    def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        named = [(n, t.detach().to("cpu")) for n, t in named_tensors]
+        manifest = make_manifest(named)
+        self.connect()
+        where = (f"weight broadcast from learner rank 0 at {self.name} to "
+                 f"{self.num_receivers} receiver(s)")
+        t0 = time.perf_counter()
+        broadcast(self._pg, make_header(manifest, version, self.bucket_bytes), self.timeout_s,
+                  f"{where}: header of version {version}")
+        tensors = [t for _, t in named]
+        for i, bucket in enumerate(plan_buckets(manifest, self.bucket_bytes)):
+            broadcast(self._pg, pack_bucket(bucket, tensors), self.timeout_s,
+                      f"{where}: buffer {i} of version {version}")
+        self.last_publish_s = time.perf_counter() - t0
+
+    def close(self) -> None:
+        self._pg = None  # gloo pairs close when the group is garbage collected
+        self._store = None
+
+
+async def connect_engines(publisher: GlooBroadcastPublisher, engines: Sequence[Any],
+                          first_rank: int = 1) -> None:
+    """Form the group between ``publisher`` and in-process engines that have
+    ``init_weight_group`` (e.g. :class:`~ragen_async.inference.vllm_engine.VLLMEngine`), engine i at
+    rank ``first_rank + i`` (one worker per engine)."""
+    await asyncio.gather(
+        asyncio.to_thread(publisher.connect),
+        *(e.init_weight_group(publisher.master_address, publisher.master_port, publisher.world_size,
+                              first_rank + i, publisher.timeout_s) for i, e in enumerate(engines)))
+
+
+async def broadcast_to_engines(publisher: GlooBroadcastPublisher, engines: Sequence[Any],
+                               named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
+                               ) -> None:
+    """One sync to in-process engines: publish and receive concurrently."""
+    named = list(named_tensors)
+    manifest = publisher.manifest(named)
+    await asyncio.gather(asyncio.to_thread(publisher.publish, named, version),
+                         *(e.receive_broadcast(manifest, version) for e in engines))
