@@ -163,6 +163,7 @@ class TrajectoryBuffer:
             )
 
         self._waiting: dict[int, TrajectoryGroup] = {}
+        self._arrived_at: dict[int, float] = {}
         self._learner_version = 0
         self._drops: list[DropRecord] = []
         self._dropped_total = 0
@@ -227,13 +228,12 @@ class TrajectoryBuffer:
         """Queue a finished group; ``False`` if it was dropped as already too stale (see :meth:`drain_drops`).
 
         ``learner_version`` is the learner's current version: the earliest version the group could be
-        consumed at, so a group over the bound now is over it forever. ``now`` is accepted for symmetry
-        and future use (arrival times); ages are computed from the group's own timestamps.
+        consumed at, so a group over the bound now is over it forever. ``now`` (the caller's clock) is
+        the arrival time, for ``rollout/buffer_wait_s``.
 
         Raises:
             ValueError: the group id does not carry an index, or a group with the same index is waiting.
         """
-        del now
         index = group_index(group)
         if index in self._waiting:
             raise ValueError(f"group index {index} ({group.group_id!r}) is already waiting in the buffer")
@@ -245,6 +245,7 @@ class TrajectoryBuffer:
             self._drop(group, self._learner_version, "add", reason)
             return False
         self._waiting[index] = group
+        self._arrived_at[index] = now
         return True
 
     # -- consumer side -----------------------------------------------------------------------------
@@ -256,7 +257,7 @@ class TrajectoryBuffer:
             group = self._waiting[index]
             reason = self._violation(group, learner_version, consuming=True)
             if reason is not None:
-                del self._waiting[index]
+                del self._waiting[index], self._arrived_at[index]
                 self._drop(group, learner_version, "consume", reason)
                 continue
             taken.append(group)
@@ -270,6 +271,11 @@ class TrajectoryBuffer:
             del self._waiting[group_index(group)]
         return taken
 
+    def _put_back(self, groups: Sequence[TrajectoryGroup], arrived_at: Sequence[float]) -> None:
+        for group, t in zip(groups, arrived_at):
+            self._waiting[group_index(group)] = group
+            self._arrived_at[group_index(group)] = t
+
     def next_batch(self, learner_version: int, step: int, now: float) -> tuple[list[BatchShard], dict[str, float]]:
         """Assemble the batch the learner at ``learner_version`` trains on at ``step``.
 
@@ -282,10 +288,11 @@ class TrajectoryBuffer:
         Raises:
             BufferNotReady: fewer than ``groups_per_step`` usable groups (check :meth:`ready` first); the
                 waiting groups stay queued, stale ones are dropped.
-            ValueError: the filter kept fewer trajectories than there are ranks.
+            ValueError: the filter kept fewer trajectories than there are ranks (the groups stay queued).
         """
         self._observe_version(learner_version)
         groups = self._take_groups(learner_version)
+        arrived = [self._arrived_at.pop(group_index(g)) for g in groups]
 
         kept_idx, filter_metrics = select_groups_by_reward_std(
             [torch.tensor(g.scores, dtype=torch.float64) for g in groups], self.filter_ratio, self.filter_mode
@@ -293,6 +300,7 @@ class TrajectoryBuffer:
         kept = [groups[i] for i in kept_idx.tolist()]
         trajs: list[Trajectory] = [t for g in kept for t in g.trajectories]
         if len(trajs) < self.num_ranks:
+            self._put_back(groups, arrived)  # a configuration error must not also lose data
             raise ValueError(
                 f"the filter kept {len(trajs)} trajectories for {self.num_ranks} ranks: every rank needs at "
                 "least one; raise groups_per_step, group size or filter_ratio"
@@ -333,6 +341,7 @@ class TrajectoryBuffer:
                 "batch/num_loss_tokens": float(batch_num_tokens),
                 "batch/shard_tokens_max": float(max(shard_tokens)),
                 "batch/shard_tokens_min": float(min(shard_tokens)),
+                "rollout/buffer_wait_s": float(np.mean([now - t for t in arrived])),
             }
         )
         metrics.update(self._stats.summary())

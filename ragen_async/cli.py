@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -13,7 +12,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Asynchronous StarPO-S training of multi-turn LLM agents.")
@@ -51,7 +49,8 @@ def train(
 ) -> None:
     """Train with StarPO-S; prints the run directory, then live progress."""
     _setup_logging()
-    from ragen_async.orchestrator import summarize_val, train as run_train
+    from ragen_async.orchestrator import summarize_val
+    from ragen_async.orchestrator import train as run_train
 
     cfg = None if resume is not None else _load(config, overrides)
     if resume is not None and (config is not None or overrides):

@@ -165,8 +165,8 @@ class WeightSyncConfig(_Strict):
 
 class TransportConfig(_Strict):
     kind: Literal["zmq", "inproc"] = "zmq"
-    host: str = "127.0.0.1"
-    """Address the buffer binds on (use the node's IP on a cluster)."""
+    host: str = "auto"
+    """Address receivers bind on; ``auto`` = this node's IP as Ray reports it (works on a cluster)."""
     high_water_mark: int = Field(8, ge=1)
     max_message_mb: float = Field(256.0, gt=0)
     send_timeout_s: float = Field(600.0, gt=0)
@@ -230,21 +230,36 @@ def _format_validation_error(err: ValidationError) -> str:
     return "invalid config:\n" + "\n".join(lines)
 
 
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> Any:
+    """Read a config file, merging the files it ``inherit``s (paths relative to it) underneath it."""
+    p = path.resolve()
+    if p in seen:
+        raise ConfigError(f"config inheritance cycle: {' -> '.join(str(s) for s in (*seen, p))}")
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        loaded = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"malformed YAML in {path}: {e}") from None
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path} must contain a mapping at top level, got {type(loaded).__name__}")
+    parents = loaded.pop("inherit", [])
+    parents = [parents] if isinstance(parents, str) else parents
+    merged = OmegaConf.create({})
+    for parent in parents:
+        merged = OmegaConf.merge(merged, _read_yaml(p.parent / parent, (*seen, p)))
+    return OmegaConf.merge(merged, OmegaConf.create(loaded))
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a YAML config (or the defaults) and apply ``key.sub=value`` overrides."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
-        try:
-            loaded = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as e:
-            raise ConfigError(f"malformed YAML in {p}: {e}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{p} must contain a mapping at top level, got {type(loaded).__name__}")
-        data = loaded or {}
-    conf = OmegaConf.create(data)
+    """Load a YAML config (or the defaults) and apply ``key.sub=value`` overrides.
+
+    A config file may name parent files under ``inherit:`` (one path or a list, relative to the file);
+    the file's own keys win, and lists are replaced, not concatenated.
+    """
+    conf = _read_yaml(Path(path)) if path is not None else OmegaConf.create({})
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key.sub=value")

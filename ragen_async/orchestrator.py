@@ -6,7 +6,7 @@ Two runtimes share all the plain classes below it:
   with the engine, filter, compute advantages, update, load the new weights into the engine, log.
   It is staleness 0 by construction and is what the asynchronous runtime must reproduce at k = 0.
 * ``ray`` — rollout actors, trajectory buffer and learner pool as separate processes
-  (``ragen_async.distributed``), connected by ZeroMQ and torch.distributed.
+  (``ragen_async.ray_runtime``), connected by ZeroMQ and torch.distributed.
 
 A run directory holds the resolved config, ``metrics.jsonl``, checkpoints and logs; ``--resume``
 continues from its latest checkpoint.
@@ -28,19 +28,12 @@ from typing import Any
 import numpy as np
 
 from ragen_async.agent.chat import ChatFormat
-from ragen_async.agent.episode import EnginePolicy
 from ragen_async.buffer import TrajectoryBuffer
 from ragen_async.config import RunConfig, dump_config, load_config
 from ragen_async.learner.learner import Learner
 from ragen_async.metrics import ConsoleSink, JsonlSink, MetricsSink, MultiSink, WandbSink, resolve_wandb_mode
 from ragen_async.rollout.engines import make_engine
-from ragen_async.rollout.worker import (
-    RolloutWorker,
-    agent_limits,
-    evaluate,
-    group_statistics,
-    summarize_trajectories,
-)
+from ragen_async.rollout.worker import RolloutWorker, group_statistics, summarize_trajectories, validate_engine
 
 log = logging.getLogger(__name__)
 
@@ -102,21 +95,23 @@ def make_sink(cfg: RunConfig, run_dir: RunDir) -> MetricsSink:
     return MultiSink(sinks)
 
 
-def save_checkpoint(run_dir: RunDir, learner: Learner, step: int) -> Path:
+def checkpoint_path(run_dir: RunDir, step: int) -> Path:
     path = run_dir.checkpoints / f"step_{step:06d}"
     if path.exists():
         shutil.rmtree(path)
-    learner.save_checkpoint(path, extra={"step": step})
-    (path / "COMPLETE").touch()  # written last: a checkpoint without it is partial and ignored
     return path
 
 
-# ---------------------------------------------------------------------------- validation
-async def validate(cfg: RunConfig, engine, chat: ChatFormat) -> dict[str, float]:
-    v = cfg.validation
-    policy = EnginePolicy(engine, temperature=v.temperature, stop_token_ids=(chat.end_of_turn_id,))
-    trajs = await evaluate(policy, chat, v.envs, v.seed, agent_limits(cfg.agent, cfg.inference))
-    return summarize_trajectories(trajs, "val")
+def save_checkpoint_marker(path: Path) -> None:
+    """Written last: a checkpoint directory without it is partial and ignored on resume."""
+    (path / "COMPLETE").touch()
+
+
+def save_checkpoint(run_dir: RunDir, learner: Learner, step: int) -> Path:
+    path = checkpoint_path(run_dir, step)
+    learner.save_checkpoint(path, extra={"step": step})
+    save_checkpoint_marker(path)
+    return path
 
 
 # ---------------------------------------------------------------------------- local runtime
@@ -192,7 +187,7 @@ class LocalTrainer:
 
     async def _validate_and_log(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
-        metrics = await validate(self.cfg, self.engine, self.chat)
+        metrics = await validate_engine(self.cfg, self.engine, self.chat)
         metrics.update({"learner/step": step, "policy_version": self.learner.policy_version,
                         "timing/val_s": time.perf_counter() - t0})
         self.sink.log(metrics)
@@ -223,7 +218,7 @@ def train(cfg: RunConfig | None = None, *, resume: Path | None = None) -> tuple[
     exit_code = 1
     try:
         if cfg.runtime == "ray":
-            from ragen_async.distributed import RayTrainer
+            from ragen_async.ray_runtime import RayTrainer
 
             trainer = RayTrainer(cfg, run_dir, sink)
         else:

@@ -94,14 +94,15 @@ def compute_gae(
         gae_lambda: GAE lambda.
 
     Returns:
-        ``(advantages [B, T], returns [B, T])``, both exactly 0 where ``mask`` is 0. Not whitened: call
+        ``(advantages [B, T], returns [B, T])`` in at least fp32, both exactly 0 where ``mask`` is 0. Not whitened: call
         :func:`ragen_async.algo.masked.masked_whiten` on the advantages as RAGEN does.
 
     Vectorised over B: a stable sort moves each row's sampled tokens to the front (so "next sampled token"
     becomes "next column"), the recursion runs over columns, then a scatter puts results back. With
     ``gamma * gae_lambda == 1`` the recursion is a reverse cumulative sum and no Python loop is needed.
     """
-    dtype = _float_dtype(values)
+    # At least fp32: a long reverse recursion / cumsum in bf16 loses the small per-token deltas.
+    dtype = torch.promote_types(_float_dtype(values), torch.float32)
     order = _compact_sampled(mask)  # [B, T]
     sampled = torch.gather(mask != 0, 1, order)  # True entries form a prefix of each row
     m = sampled.to(dtype)

@@ -60,10 +60,10 @@ class BanditEnv(TextEnv):
         first, second = self.action_lookup.values()
         return (
             f"You are in front of two slot machines, {first} and {second}, and you may pull exactly one. "
-            "Each machine pays points in its own way: one might pay a modest amount every time, the other "
-            "might pay a lot but only now and then. You are not told which is which. Think about what each "
-            "name symbolizes and what that suggests about how it pays, then pick the machine you expect to "
-            f"pay more on average. Answer with one machine name only: {first} or {second}."
+            "Each machine pays out points following its own pattern, and its name is your only clue to that "
+            "pattern. Think about what each name symbolizes and what it suggests about how that machine "
+            "pays, then pick the one you expect to pay more on average. "
+            f"Answer with one machine name only: {first} or {second}."
         )
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:  # type: ignore[override]

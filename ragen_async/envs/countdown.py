@@ -15,6 +15,7 @@ accepted; nothing is ever passed to ``eval``.
 from __future__ import annotations
 
 import ast
+import operator
 import random
 from dataclasses import dataclass
 from fractions import Fraction
@@ -29,12 +30,7 @@ FORMAT_REWARD = 0.1
 _TOLERANCE = 1e-5
 _MAX_EQUATION_CHARS = 300  # bounds parser recursion on adversarial input; real answers are ~20 chars
 
-_BINARY_OPS = {
-    ast.Add: lambda a, b: a + b,
-    ast.Sub: lambda a, b: a - b,
-    ast.Mult: lambda a, b: a * b,
-    ast.Div: lambda a, b: a / b,
-}
+_BINARY_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 _ALLOWED_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.USub, ast.Constant, *_BINARY_OPS)
 
 
@@ -49,8 +45,8 @@ def parse_equation(text: str) -> ast.Expression | None:
     for node in ast.walk(tree):
         if not isinstance(node, _ALLOWED_NODES):
             return None
-        # bool is an int subclass; True and False are not numbers the player was given.
-        if isinstance(node, ast.Constant) and (type(node.value) is not int):
+        # Only int literals: no floats or strings, and no bools (which subclass int).
+        if isinstance(node, ast.Constant) and type(node.value) is not int:
             return None
     return tree
 
@@ -111,7 +107,7 @@ def solve(numbers: list[int], target: int) -> str | None:
                 if i < j:  # commutative ops once per pair
                     candidates += [(a + b, "+"), (a * b, "*")]
                 for value, op in candidates:
-                    found = search(rest + [(value, f"({text_a} {op} {text_b})")])
+                    found = search([*rest, (value, f"({text_a} {op} {text_b})")])
                     if found is not None:
                         return found
         return None

@@ -163,14 +163,20 @@ class FrozenLakeEnv(TextEnv):
         return self._lake is not None and self._player == self._lake.goal
 
     def oracle_actions(self, max_actions: int) -> list[str]:
-        """The one action maximizing the chance of reaching the goal within ``steps_left`` (at least 1) actions."""
+        """The one action maximizing the chance of reaching the goal within ``steps_left`` (at least 1) actions.
+
+        Ties go to the action that also does best with fewer actions left, so that with a safe path the
+        oracle takes a shortest one instead of bumping into the edge while it can afford to.
+        """
         if self._terminated or max_actions < 1:
             return []
         if self._q_values is None:
             self._q_values = self._value_iteration()
-        horizon = max(self.steps_left, 1)  # past the budget, still play the best one-step move
-        # Ties (e.g. when the goal is out of reach) go to the lowest action id.
-        return [ACTION_NAMES[int(np.argmax(self._q_values[horizon - 1, self._player])) + 1]]
+        candidates = np.arange(4)
+        for horizon in range(max(self.steps_left, 1), 0, -1):  # past the budget, still play the best one-step move
+            q_values = self._q_values[horizon - 1, self._player, candidates]
+            candidates = candidates[q_values >= q_values.max() - 1e-12]
+        return [ACTION_NAMES[int(candidates[0]) + 1]]
 
     def _value_iteration(self) -> np.ndarray:
         """Q[h - 1, tile, direction] = P(reach the goal within h actions | take direction now, then act optimally)."""
@@ -186,7 +192,7 @@ class FrozenLakeEnv(TextEnv):
         at_goal = np.zeros(num_tiles)
         at_goal[lake.goal] = 1.0
         alive = np.ones(num_tiles)  # episodes continue only from frozen non-goal tiles
-        alive[list(lake.holes) + [lake.goal]] = 0.0
+        alive[[*lake.holes, lake.goal]] = 0.0
 
         q_values = np.zeros((self.max_actions_per_episode, num_tiles, 4))
         value = np.zeros(num_tiles)

@@ -71,6 +71,9 @@ class SokobanConfig:
             raise ValueError(f"num_boxes must lie in [1, {interior // 3}] for a {self.dim_room} room")
         if self.max_actions_per_episode < 1 or self.num_reverse_steps < 1:
             raise ValueError("max_actions_per_episode and num_reverse_steps must be positive")
+        if self.solvable_within_budget and self.max_actions_per_episode < 3:
+            # The easiest non-trivial level takes 3 moves (two pushes plus one free step).
+            raise ValueError("solvable_within_budget needs max_actions_per_episode >= 3")
 
 
 @dataclass(frozen=True)
@@ -182,7 +185,7 @@ def _reverse_play(rng: np.random.Generator, config: SokobanConfig) -> tuple[Room
             boxes[boxes.index(behind)] = player
         player = ahead
         if room.targets.isdisjoint(boxes):
-            displacement = sum(_manhattan(room, box, target) for box, target in zip(boxes, targets))
+            displacement = sum(_manhattan(room, box, target) for box, target in zip(boxes, targets, strict=True))
             if displacement >= best_displacement:
                 best, best_displacement = (player, frozenset(boxes)), displacement
     return None if best is None else (room, best, best_displacement)

@@ -181,7 +181,7 @@ class Learner:
     # ------------------------------------------------------------------ the step
     def train_step(self, shard: BatchShard) -> dict[str, float]:
         """One learner step on this rank's shard; returns this rank's metrics (plain floats)."""
-        a, lc = self.algo_cfg, self.cfg.learner
+        lc = self.cfg.learner
         batch = collate_shard(shard, self.pad_id)
         self.actor.train()
         recomputed = self._recompute(batch)
@@ -191,6 +191,9 @@ class Learner:
 
         metrics: dict[str, float] = {}
         metrics.update(self._mismatch_metrics(batch, old_logprobs, shard.learner_version))
+        if old_values is not None and returns is not None:
+            # Over the whole shard (verl: pre-update values); per micro-batch, constant returns make it NaN.
+            metrics["critic/vf_explained_var"] = float(algo.explained_variance(old_values, returns, batch.loss_mask))
 
         # Every rank derives the mini-batch count from global numbers so all ranks step together.
         n_mini = max(1, round(shard.batch_num_seqs / lc.mini_batch_size))
@@ -262,9 +265,6 @@ class Learner:
                 for k, v in vm.items():
                     key = f"critic/{k}"
                     sums[key] += float(v) * (zero if key in ADDITIVE_METRICS else w)
-                with torch.no_grad():
-                    ev = algo.explained_variance(values.detach(), returns[rows, :T], mb.loss_mask)
-                sums["critic/vf_explained_var"] += float(ev) * w
         # Additive metrics are already this rank's share of the mini-batch value; the others are
         # token-weighted means over micro-batches.
         local_w = max(local_tokens, 1e-9)

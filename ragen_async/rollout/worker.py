@@ -22,14 +22,9 @@ from ragen_async.config import AgentConfig, EnvGroupSpec, InferenceConfig, RunCo
 from ragen_async.envs.registry import make_env_from_tag
 from ragen_async.inference.base import InferenceEngine
 from ragen_async.protocol import Trajectory, TrajectoryGroup
-from ragen_async.transport.base import MessageSender
+from ragen_async.staleness import format_group_id
 
 log = logging.getLogger(__name__)
-
-
-def group_id_for(index: int) -> str:
-    """Group ids encode the global sequence index (the buffer orders batches by it)."""
-    return f"g{index:08d}"
 
 
 def agent_limits(agent: AgentConfig, inference: InferenceConfig) -> AgentLimits:
@@ -63,50 +58,62 @@ def assign_group(index: int, envs: Sequence[EnvGroupSpec], base_seed: int) -> Gr
 
 
 class RolloutWorker:
-    def __init__(self, cfg: RunConfig, engine: InferenceEngine, chat: ChatFormat, *, worker_id: str = "w0",
-                 sender: MessageSender | None = None):
+    def __init__(self, cfg: RunConfig, engine: InferenceEngine, chat: ChatFormat, *, worker_id: str = "w0"):
         self.cfg = cfg
         self.engine = engine
         self.chat = chat
         self.worker_id = worker_id
-        self.sender = sender
         self.limits = agent_limits(cfg.agent, cfg.inference)
         self.policy = EnginePolicy(engine, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                                    stop_token_ids=(chat.end_of_turn_id,))
         self.groups_played = 0
         self.busy_s = 0.0
+        """Seconds :meth:`run` had at least one group in flight."""
+        self.admission_wait_s = 0.0
+        """Seconds :meth:`run` sat idle because admission control refused a new group."""
 
     async def play_group(self, index: int) -> TrajectoryGroup:
         a = assign_group(index, self.cfg.rollout.envs, self.cfg.rollout.seed)
         group = await play_group(
             self.policy, self.chat, lambda: make_env_from_tag(a.env.tag, **a.env.overrides), a.env.tag, a.seed,
-            self.cfg.rollout.group_size, self.limits, group_id=group_id_for(index), worker_id=self.worker_id)
+            self.cfg.rollout.group_size, self.limits, group_id=format_group_id(index), worker_id=self.worker_id)
         self.groups_played += 1
         return group
 
-    async def run(self, admit: Callable[[], Awaitable[int | None]], should_stop: Callable[[], bool],
-                  wait_s: float = 0.05) -> None:
-        """Play admitted groups, up to ``max_concurrent_groups`` at once, and send each when done.
+    async def run(self, admit: Callable[[], Awaitable[int | None]], send: Callable[[TrajectoryGroup], Awaitable[None]],
+                  should_stop: Callable[[], bool], wait_s: float = 0.05) -> None:
+        """Play admitted groups, up to ``max_concurrent_groups`` at once, and ``send`` each when done.
 
-        ``admit`` returns the next group index or ``None`` when admission control says wait.
+        ``admit`` returns the next group index, or ``None`` while admission control says wait. The
+        loop records how long it waited for admission and how long it had work in flight, which
+        become ``staleness/admission_wait_s`` and ``rollout/idle_frac``.
         """
-        assert self.sender is not None, "run() needs a transport sender"
         in_flight: set[asyncio.Task] = set()
         limit = self.cfg.rollout.max_concurrent_groups
         loop = asyncio.get_running_loop()
+        last = loop.time()
         while not should_stop():
+            blocked = False
             while len(in_flight) < limit and not should_stop():
                 index = await admit()
                 if index is None:
+                    blocked = True
                     break
                 in_flight.add(asyncio.create_task(self.play_group(index)))
-            if not in_flight:
+            t0 = loop.time()
+            if in_flight:
+                done, in_flight = await asyncio.wait(in_flight, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+            else:
+                done = set()
                 await asyncio.sleep(wait_s)
-                continue
-            done, in_flight = await asyncio.wait(in_flight, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+            now = loop.time()
+            if blocked and not in_flight and not done:
+                self.admission_wait_s += now - t0
+            if in_flight or done:
+                self.busy_s += now - last
+            last = now
             for task in done:
-                group = task.result()  # a failed episode fails the worker loudly
-                await loop.run_in_executor(None, self.sender.send, group)
+                await send(task.result())  # an exception here fails the worker loudly
         for task in in_flight:
             task.cancel()
 
@@ -159,3 +166,11 @@ async def evaluate(policy: ReplyPolicy, chat: ChatFormat, envs: Sequence[EnvGrou
 
     jobs = [one(spec, seed + i) for spec in envs for i in range(spec.n_groups)]
     return list(await asyncio.gather(*jobs))
+
+
+async def validate_engine(cfg: RunConfig, engine: InferenceEngine, chat: ChatFormat) -> dict[str, float]:
+    """Validation: one episode on each fixed seed of the validation envs, at validation temperature."""
+    v = cfg.validation
+    policy = EnginePolicy(engine, temperature=v.temperature, stop_token_ids=(chat.end_of_turn_id,))
+    trajs = await evaluate(policy, chat, v.envs, v.seed, agent_limits(cfg.agent, cfg.inference))
+    return summarize_trajectories(trajs, "val")

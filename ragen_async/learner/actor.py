@@ -1,0 +1,155 @@
+"""Thin Ray shell over :class:`Learner`: one data-parallel rank of the learner pool.
+
+Ranks join one torch.distributed group (gloo on CPU, NCCL on GPU) for gradient all-reduce. Each rank
+pulls its batch shard from its own ZeroMQ socket (the data plane never goes through Ray). Rank 0 also
+owns publishing: it hosts the weight-broadcast group that every inference engine joins, and in
+fixed-lag mode keeps a ring buffer of recent weights so it can publish version v - k.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from ragen_async.config import RunConfig
+from ragen_async.learner.learner import Learner
+from ragen_async.protocol import BatchShard
+from ragen_async.transport import make_receiver
+from ragen_async.weight_sync.base import RingBuffer
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+@ray.remote
+class LearnerActor:
+    def __init__(self, cfg_data: dict, rank: int, world_size: int, secret: bytes):
+        self.cfg = RunConfig.model_validate(cfg_data)
+        self.rank, self.world_size = rank, world_size
+        self.secret = secret
+        torch.set_num_threads(self.cfg.learner.torch_threads)
+        os.environ.setdefault("OMP_NUM_THREADS", str(self.cfg.learner.torch_threads))
+        self.learner: Learner | None = None
+        self.receiver = make_receiver(self.cfg.transport.kind, f"tcp://{self._host()}:*", secret,
+                                      hwm=2, expected=BatchShard,
+                                      max_message_bytes=int(self.cfg.transport.max_message_mb * 2**20))
+        self.publisher = None
+        self.ring: RingBuffer | None = None
+
+    def _host(self) -> str:
+        return ray.util.get_node_ip_address() if self.cfg.transport.host == "auto" else self.cfg.transport.host
+
+    def _device(self) -> str:
+        return "cuda" if self.cfg.learner.gpus_per_rank > 0 and torch.cuda.is_available() else "cpu"
+
+    def _backend(self) -> str:
+        b = self.cfg.learner.backend
+        return b if b != "auto" else ("nccl" if self._device() == "cuda" else "gloo")
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0: an address and a free port for the learner group's rendezvous."""
+        return ray.util.get_node_ip_address(), free_port()
+
+    def shard_address(self) -> str:
+        return self.receiver.address
+
+    def setup(self, master_address: str, master_port: int) -> int:
+        """Join the learner group and build the model; returns the policy version."""
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.init_process_group(self._backend(), init_method=f"tcp://{master_address}:{master_port}",
+                                    rank=self.rank, world_size=self.world_size,
+                                    timeout=dt.timedelta(seconds=self.cfg.weight_sync.timeout_s))
+        self.learner = Learner(self.cfg, rank=self.rank, world_size=self.world_size, device=self._device())
+        if self.rank == 0 and self.cfg.staleness.fixed_lag:
+            self.ring = RingBuffer(capacity=(self.cfg.staleness.max_staleness or 0) + 1)
+            self.ring.push(0, self.learner.named_weights())
+        return self.learner.policy_version
+
+    def train_step(self, timeout_s: float = 600.0) -> dict[str, float]:
+        t0 = time.perf_counter()
+        shard = self.receiver.receive(timeout_s)
+        if shard is None:
+            raise TimeoutError(f"learner rank {self.rank}: no batch shard arrived within {timeout_s:.0f} s")
+        wait_s = time.perf_counter() - t0
+        metrics = self.learner.train_step(shard)
+        if self.ring is not None:
+            self.ring.push(self.learner.policy_version, self.learner.named_weights())
+        metrics["timing/learner_recv_s"] = wait_s
+        metrics["timing/learner_compute_s"] = time.perf_counter() - t0 - wait_s
+        return metrics
+
+    # ---- rank 0: publishing ---------------------------------------------------------------------
+    def open_weight_group(self, num_receivers: int) -> tuple[str, int, list]:
+        """Host the weight-broadcast group; returns (address, port, manifest) for the engines."""
+        from ragen_async.weight_sync.gloo import GlooBroadcastPublisher
+
+        assert self.rank == 0
+        address = ray.util.get_node_ip_address()
+        self.publisher = GlooBroadcastPublisher(address, 0, num_receivers, timeout_s=self.cfg.weight_sync.timeout_s)
+        return address, self.publisher.master_port, GlooBroadcastPublisher.manifest(self.learner.named_weights())
+
+    def connect_weight_group(self) -> None:
+        self.publisher.connect()
+
+    def publish(self, version: int) -> float:
+        """Broadcast the weights of ``version`` (the current one, or an older one in fixed-lag mode)."""
+        t0 = time.perf_counter()
+        if version == self.learner.policy_version:
+            weights: Any = self.learner.named_weights()
+        elif self.ring is not None and version in self.ring:
+            weights = list(self.ring.get(version).items())
+        else:
+            raise ValueError(f"cannot publish version {version}: learner is at {self.learner.policy_version} "
+                             f"and the ring buffer holds {self.ring.versions() if self.ring else []}")
+        self.publisher.publish(weights, version)
+        return time.perf_counter() - t0
+
+    def weights_for_rpc(self, version: int) -> list[tuple[str, torch.Tensor]]:
+        """The weights of ``version`` as tensors (the ``rpc`` weight-sync path, small models only)."""
+        if version == self.learner.policy_version:
+            return [(n, t.clone()) for n, t in self.learner.named_weights()]
+        return list(self.ring.get(version).items())
+
+    def probe_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
+        """The learner's log-probs of a fixed sequence (for the engine/learner agreement check)."""
+        from ragen_async import algo
+
+        ids = torch.tensor([token_ids])
+        with torch.no_grad():
+            logits = self.learner.actor(input_ids=ids).logits.float() / temperature
+            lp = algo.logprobs_from_logits(logits[:, :-1], ids[:, 1:])
+        return [0.0] + lp[0].tolist()
+
+    def policy_version(self) -> int:
+        return self.learner.policy_version
+
+    def save_checkpoint(self, path: str, step: int) -> None:
+        self.learner.save_checkpoint(Path(path), extra={"step": step})
+
+    def load_checkpoint(self, path: str) -> dict:
+        extra = self.learner.load_checkpoint(Path(path))
+        if self.ring is not None:
+            self.ring.push(self.learner.policy_version, self.learner.named_weights())
+        return extra
+
+    def shutdown(self) -> None:
+        if self.publisher is not None:
+            self.publisher.close()
+        self.receiver.close()
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()

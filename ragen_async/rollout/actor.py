@@ -1,0 +1,158 @@
+"""Thin Ray shell over :class:`RolloutWorker`: one engine per actor, groups streamed over ZeroMQ.
+
+Everything that is not Ray plumbing lives in the plain classes (worker, engine, transport). The actor
+is an async Ray actor, so the vLLM ``AsyncLLM`` lives on the actor's event loop and the weight-sync
+calls from the orchestrator interleave with generation (in-flight updates).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import ray
+
+from ragen_async.agent.chat import ChatFormat
+from ragen_async.config import RunConfig
+from ragen_async.protocol import TrajectoryGroup
+from ragen_async.rollout.engines import make_engine
+from ragen_async.rollout.worker import RolloutWorker, validate_engine
+from ragen_async.transport import make_sender
+
+
+@ray.remote
+class AdmissionGate:
+    """Ray shell over the pure :class:`~ragen_async.staleness.AdmissionController` (one per run)."""
+
+    def __init__(self, max_staleness: int | None, groups_per_step: int, published_version: int = 0):
+        from ragen_async.staleness import AdmissionController
+
+        self.controller = AdmissionController(max_staleness, groups_per_step, published_version)
+
+    def try_admit(self) -> int | None:
+        return self.controller.try_admit()
+
+    def set_published_version(self, version: int) -> None:
+        self.controller.set_published_version(version)
+
+    def on_dropped(self, n: int) -> None:
+        self.controller.on_dropped(n)
+
+    def state(self) -> dict[str, Any]:
+        c = self.controller
+        return {"published_version": c.published_version, "groups_started": c.groups_started,
+                "capacity": c.capacity()}
+
+
+@ray.remote
+class RolloutActor:
+    def __init__(self, cfg_data: dict, worker_id: str, buffer_address: str, secret: bytes, gate: Any,
+                 engine_threads: int = 1):
+        # Each engine gets its own small thread budget so rollout actors and learners do not fight
+        # over the same cores (set before vLLM/torch start their pools).
+        os.environ.setdefault("OMP_NUM_THREADS", str(engine_threads))
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        self.cfg = RunConfig.model_validate(cfg_data)
+        self.worker_id = worker_id
+        self.buffer_address = buffer_address
+        self.secret = secret
+        self.gate = gate
+        self._stop = False
+        self._task: asyncio.Task | None = None
+        # ZeroMQ sockets are not thread-safe: one dedicated thread creates and uses the sender.
+        self._send_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"send-{worker_id}")
+        self._sender = None
+        self.worker: RolloutWorker | None = None
+        self._started_at = 0.0
+        self._sent = 0
+
+    async def setup(self) -> int:
+        """Start the engine (on this actor's event loop) and connect the sender; returns the version."""
+        cfg = self.cfg
+        backend = "nccl" if self._weight_backend() == "nccl" else None
+        engine = make_engine(cfg, seed=cfg.seed + hash_worker(self.worker_id), weight_transfer_backend=backend)
+        chat = ChatFormat.from_pretrained(cfg.model.path, enable_think=cfg.agent.enable_think)
+        self.worker = RolloutWorker(cfg, engine, chat, worker_id=self.worker_id)
+        loop = asyncio.get_running_loop()
+        self._sender = await loop.run_in_executor(self._send_pool, lambda: make_sender(
+            cfg.transport.kind, self.buffer_address, self.secret, hwm=cfg.transport.high_water_mark,
+            send_timeout_s=cfg.transport.send_timeout_s))
+        return engine.policy_version
+
+    def _weight_backend(self) -> str:
+        b = self.cfg.weight_sync.backend
+        if b != "auto":
+            return b
+        return "nccl" if self.cfg.rollout.gpus_per_worker > 0 else "gloo"
+
+    async def _admit(self) -> int | None:
+        return await self.gate.try_admit.remote()
+
+    async def _send(self, group: TrajectoryGroup) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._send_pool, self._sender.send, group)
+        self._sent += 1
+
+    async def start(self) -> None:
+        assert self.worker is not None, "call setup() first"
+        self._started_at = time.perf_counter()
+        self._task = asyncio.create_task(self.worker.run(self._admit, self._send, lambda: self._stop))
+
+    async def stop(self) -> None:
+        self._stop = True
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, timeout=30)
+            except (TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+
+    async def check(self) -> None:
+        """Re-raise a failure of the background loop (the orchestrator polls this)."""
+        if self._task is not None and self._task.done() and not self._task.cancelled():
+            exc = self._task.exception()
+            if exc is not None:
+                raise exc
+
+    async def stats(self) -> dict[str, float]:
+        w = self.worker
+        elapsed = max(time.perf_counter() - self._started_at, 1e-9) if self._started_at else 0.0
+        return {"busy_s": w.busy_s, "admission_wait_s": w.admission_wait_s, "elapsed_s": elapsed,
+                "groups_sent": float(self._sent), "policy_version": float(w.engine.policy_version)}
+
+    # ---- weight sync (the engine does pause -> load -> resume) ----------------------------------
+    async def init_weight_group(self, master_address: str, master_port: int, world_size: int, rank: int,
+                                timeout_s: float) -> None:
+        await self.worker.engine.init_weight_group(master_address, master_port, world_size, rank, timeout_s)
+
+    async def receive_broadcast(self, manifest: Any, version: int) -> float:
+        t0 = time.perf_counter()
+        await self.worker.engine.receive_broadcast(manifest, version)
+        return time.perf_counter() - t0
+
+    async def load_state_dict(self, items: list[tuple[str, Any]], version: int) -> None:
+        await self.worker.engine.load_state_dict(items, version)
+
+    async def probe_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
+        return await self.worker.engine.prompt_logprobs(token_ids, temperature)
+
+    async def validate(self) -> dict[str, float]:
+        """Validation episodes on this actor's engine (fixed seeds, validation temperature)."""
+        return await validate_engine(self.cfg, self.worker.engine, self.worker.chat)
+
+    async def policy_version(self) -> int:
+        return self.worker.engine.policy_version
+
+    async def shutdown(self) -> None:
+        await self.stop()
+        if self._sender is not None:
+            await asyncio.get_running_loop().run_in_executor(self._send_pool, self._sender.close)
+        if self.worker is not None:
+            self.worker.engine.shutdown()
+        self._send_pool.shutdown(wait=False)
+
+
+def hash_worker(worker_id: str) -> int:
+    return sum((i + 1) * ord(c) for i, c in enumerate(worker_id)) % 10_007
