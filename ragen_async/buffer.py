@@ -4,19 +4,22 @@ Job, in order, for every learner step:
 
 1. **Staleness gate.** Groups older than ``max_staleness`` versions are dropped — on arrival if they are
    already too old for the learner's current version, and again when a batch is taken. Staleness only
-   grows as the learner advances, so a dropped group could never have become usable. Drops are never
-   silent: they are counted in the step's metrics and queued as :class:`DropRecord`\\ s that the caller
-   drains (:meth:`TrajectoryBuffer.drain_drops`) to return the slots to the admission controller.
+   grows as the learner advances, so a group dropped as too stale could never have become usable. Drops
+   are never silent: they are counted in the step's metrics and queued as :class:`DropRecord`\\ s that
+   the caller drains (:meth:`TrajectoryBuffer.drain_drops`) to return the slots to the admission controller.
 2. **Deterministic selection.** A batch is the ``groups_per_step`` waiting groups with the lowest global
    sequence index (see :func:`group_index`), in index order, so it does not depend on the order in which
-   groups happened to arrive. Lowest index first also means oldest first, which keeps staleness low.
+   groups happened to arrive. Lowest index first also means oldest first, which keeps staleness low. The
+   learner does not wait for missing indices: a slow group is overtaken by younger ones and trained on
+   later, which is where the staleness gate above can catch it.
 3. **StarPO-S filter** on the groups' raw scores (``algo.filtering.select_groups_by_reward_std``).
 4. **Scores.** Raw trajectory scores and scores normalised within their group
    (``algo.advantages.group_normalize``), computed once for the whole batch.
-5. **Sharding.** Kept trajectories are split into ``num_ranks`` :class:`BatchShard`\\ s balanced by token
-   count (greedy longest-processing-time: deterministic, and the heaviest shard exceeds the lightest by at
-   most one trajectory). Every shard carries the whole batch's ``batch_num_tokens`` / ``batch_num_seqs``
-   so that data-parallel loss aggregation equals the single-process loss.
+5. **Sharding.** Kept trajectories are split into ``num_ranks`` :class:`BatchShard`\\ s balanced by total
+   token count, the cost of a forward/backward pass (greedy longest-processing-time: deterministic, and the
+   heaviest shard exceeds the lightest by at most one trajectory). Every shard carries the whole batch's
+   ``batch_num_tokens`` / ``batch_num_seqs`` so that data-parallel loss aggregation equals the
+   single-process loss.
 
 In *fixed-lag* mode the engines serve the weights of version v − k (DESIGN.md §3), so every consumed
 group must have staleness exactly ``min(k, v)``; a group that does not is dropped as ``off_lag``.
@@ -48,6 +51,7 @@ __all__ = [
 ]
 
 DropReason = Literal["stale", "off_lag"]
+DropSite = Literal["add", "consume"]
 
 _HIST_MAX_UNBOUNDED = 16
 """Staleness histogram bins when k is unbounded (with a bound, the bins are 0..k)."""
@@ -71,7 +75,7 @@ class DropRecord:
     index: int
     staleness: int
     learner_version: int
-    where: Literal["add", "consume"]
+    where: DropSite
     reason: DropReason
 
 
@@ -205,13 +209,13 @@ class TrajectoryBuffer:
             return "off_lag"
         return None
 
-    def _drop(self, group: TrajectoryGroup, learner_version: int, where: str, reason: DropReason) -> None:
+    def _drop(self, group: TrajectoryGroup, learner_version: int, where: DropSite, reason: DropReason) -> None:
         record = DropRecord(
             group_id=group.group_id,
             index=group_index(group),
             staleness=group_staleness(group, learner_version),
             learner_version=learner_version,
-            where=where,  # type: ignore[arg-type]
+            where=where,
             reason=reason,
         )
         self._drops.append(record)
@@ -272,7 +276,7 @@ class TrajectoryBuffer:
         return taken
 
     def _put_back(self, groups: Sequence[TrajectoryGroup], arrived_at: Sequence[float]) -> None:
-        for group, t in zip(groups, arrived_at):
+        for group, t in zip(groups, arrived_at, strict=True):
             self._waiting[group_index(group)] = group
             self._arrived_at[group_index(group)] = t
 
@@ -282,7 +286,8 @@ class TrajectoryBuffer:
         Returns:
             ``(shards, metrics)``: one :class:`BatchShard` per rank (``shards[r].rank == r``), and the
             step's metrics: ``filter/*`` (StarPO-S), ``rollout/queue_groups`` (groups still waiting),
-            ``batch/*`` and the :class:`~ragen_async.staleness.StalenessStats` summary of the kept groups
+            ``batch/*``, ``rollout/buffer_wait_s`` (mean time the taken groups spent in the buffer) and the
+            :class:`~ragen_async.staleness.StalenessStats` summary of the kept groups (those trained on)
             plus the groups dropped since the previous batch.
 
         Raises:

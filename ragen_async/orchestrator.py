@@ -15,13 +15,9 @@ continues from its latest checkpoint.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
-import re
-import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,56 +25,14 @@ import numpy as np
 
 from ragen_async.agent.chat import ChatFormat
 from ragen_async.buffer import TrajectoryBuffer
-from ragen_async.config import RunConfig, dump_config, load_config
+from ragen_async.config import RunConfig, load_config
 from ragen_async.learner.learner import Learner
 from ragen_async.metrics import ConsoleSink, JsonlSink, MetricsSink, MultiSink, WandbSink, resolve_wandb_mode
 from ragen_async.rollout.engines import make_engine
 from ragen_async.rollout.worker import RolloutWorker, group_statistics, summarize_trajectories, validate_engine
+from ragen_async.rundir import RunDir, checkpoint_path, save_checkpoint_marker
 
 log = logging.getLogger(__name__)
-
-
-# ---------------------------------------------------------------------------- run directories
-@dataclass
-class RunDir:
-    path: Path
-
-    @property
-    def config_path(self) -> Path:
-        return self.path / "config.yaml"
-
-    @property
-    def metrics_path(self) -> Path:
-        return self.path / "metrics.jsonl"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.path / "checkpoints"
-
-    @classmethod
-    def create(cls, cfg: RunConfig) -> RunDir:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", cfg.name)
-        path = Path(cfg.run_root) / f"{safe}-{stamp}"
-        suffix = 1
-        while path.exists():
-            path = Path(cfg.run_root) / f"{safe}-{stamp}-{suffix}"
-            suffix += 1
-        path.mkdir(parents=True)
-        (path / "checkpoints").mkdir()
-        (path / "config.yaml").write_text(dump_config(cfg))
-        return cls(path)
-
-    def latest_checkpoint(self) -> Path | None:
-        done = sorted(self.checkpoints.glob("step_*/COMPLETE"))
-        return done[-1].parent if done else None
-
-    def read_state(self) -> dict[str, Any]:
-        p = self.path / "run_state.json"
-        return json.loads(p.read_text()) if p.exists() else {}
-
-    def write_state(self, **state: Any) -> None:
-        (self.path / "run_state.json").write_text(json.dumps(state))
 
 
 def make_sink(cfg: RunConfig, run_dir: RunDir) -> MetricsSink:
@@ -93,18 +47,6 @@ def make_sink(cfg: RunConfig, run_dir: RunDir) -> MetricsSink:
     if cfg.logging.console:
         sinks.append(ConsoleSink())
     return MultiSink(sinks)
-
-
-def checkpoint_path(run_dir: RunDir, step: int) -> Path:
-    path = run_dir.checkpoints / f"step_{step:06d}"
-    if path.exists():
-        shutil.rmtree(path)
-    return path
-
-
-def save_checkpoint_marker(path: Path) -> None:
-    """Written last: a checkpoint directory without it is partial and ignored on resume."""
-    (path / "COMPLETE").touch()
 
 
 def save_checkpoint(run_dir: RunDir, learner: Learner, step: int) -> Path:

@@ -58,9 +58,12 @@ class Generation:
     logprobs: list[float]
     """Log-prob of each sampled token under the sampling distribution (see module docstring)."""
     start_version: int
-    """Policy version loaded in the engine when the generation started."""
+    """Policy version loaded in the engine when the generation started (engines that track
+    per-token versions report the first sampled token's version: a request queued behind a weight
+    update starts on the new weights)."""
     end_version: int
-    """Policy version loaded when it finished (> start_version if weights changed mid-reply)."""
+    """Policy version loaded when it finished, i.e. the last sampled token's version where tracked
+    (> start_version if weights changed mid-reply)."""
     finish_reason: FinishReason
     """``"stop"``: a stop token ended it; ``"length"``: ``max_tokens`` (or the context) was reached."""
     token_versions: list[int] | None = None

@@ -112,8 +112,11 @@ class HFEngine(InferenceEngine):
                 finish = "stop"
                 break
             next_input = torch.tensor([[tok]], device=self.device)
-        return Generation(token_ids=out_ids, logprobs=logprobs, start_version=start_version,
-                          end_version=self._version, finish_reason=finish, token_versions=versions)
+        # Like the vLLM engine: start/end are the versions of the first/last sampled token.
+        return Generation(token_ids=out_ids, logprobs=logprobs,
+                          start_version=versions[0] if versions else start_version,
+                          end_version=versions[-1] if versions else self._version,
+                          finish_reason=finish, token_versions=versions)
 
     async def prompt_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
         if not token_ids:

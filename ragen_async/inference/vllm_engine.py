@@ -61,7 +61,8 @@ class VLLMEngine(InferenceEngine):
             ``"bfloat16"``/``"float16"``/``"auto"``.
         max_model_len: context window (prompt + reply).
         seed: engine seed (requests without their own seed draw from it).
-        kv_cache_space_gib: CPU only: sets ``VLLM_CPU_KVCACHE_SPACE`` if the variable is unset.
+        kv_cache_space_gib: CPU only: KV cache size in GiB, exported as ``VLLM_CPU_KVCACHE_SPACE``
+            if that variable is unset (an existing value wins).
         gpu_memory_utilization: GPU only: fraction of the GPU vLLM may take.
         max_num_seqs: cap on concurrently running sequences (vLLM default when None).
         enable_prefix_caching: vLLM prefix cache (multi-turn prompts share prefixes).
@@ -76,7 +77,7 @@ class VLLMEngine(InferenceEngine):
     """
 
     def __init__(self, model_path: str, *, dtype: str = "float32", max_model_len: int = 2048,
-                 seed: int = 0, kv_cache_space_gib: float = 1.0,
+                 seed: int = 0, kv_cache_space_gib: int = 1,
                  gpu_memory_utilization: float = 0.9, max_num_seqs: int | None = None,
                  enable_prefix_caching: bool = True,
                  kv_on_update: Literal["recompute", "keep"] = "recompute",
@@ -90,7 +91,10 @@ class VLLMEngine(InferenceEngine):
             raise FileNotFoundError(f"model path {model_path!r} has no config.json")
         if kv_on_update not in ("recompute", "keep"):
             raise ValueError(f"kv_on_update must be 'recompute' or 'keep' (got {kv_on_update!r})")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_space_gib:g}")
+        if int(kv_cache_space_gib) != kv_cache_space_gib or kv_cache_space_gib < 1:
+            raise ValueError(f"kv_cache_space_gib must be a whole number >= 1 (vLLM parses "
+                             f"VLLM_CPU_KVCACHE_SPACE as int); got {kv_cache_space_gib}")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_space_gib)))
 
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -101,8 +105,6 @@ class VLLMEngine(InferenceEngine):
             logprobs_mode="processed_logprobs", max_logprobs=max_logprobs,
             generation_config="vllm", enable_prefix_caching=enable_prefix_caching,
             tensor_parallel_size=tensor_parallel_size,
-            # TP=1: the worker lives in the engine-core process (one process and vLLM import less)
-            distributed_executor_backend="uni" if tensor_parallel_size == 1 else None,
             gpu_memory_utilization=gpu_memory_utilization, disable_log_stats=True)
         if max_num_seqs is not None:
             args["max_num_seqs"] = max_num_seqs

@@ -36,6 +36,7 @@ class WeightSyncWorkerExtension:
     _ragen_group: str = ""
     _ragen_timeout_s: float = 60.0
     _ragen_version: int | None = None
+    _ragen_my_rank: int = -1
 
     # ---- loading ----------------------------------------------------------------------------
     def _ragen_reload(self, named: Sequence[tuple[str, torch.Tensor]], version: int) -> dict:
@@ -92,11 +93,15 @@ class WeightSyncWorkerExtension:
 
     # ---- introspection (tests) --------------------------------------------------------------
     def weights_checksum(self) -> dict[str, str]:
-        """sha1 of every parameter of the served model (vLLM's names and layouts)."""
+        """sha1 of every non-empty parameter of the served model (vLLM's names and layouts). On CPU
+        the linear layers' weights live in oneDNN handles and their parameters are empty, so they
+        are absent here: compare log-probs to check those."""
         model = self.model_runner.get_model()
         out = {}
         for name, p in model.named_parameters():
-            t = p.detach().to("cpu").contiguous()
+            if p.numel() == 0:
+                continue
+            t = p.detach().to("cpu").contiguous().reshape(-1)
             out[name] = hashlib.sha1(t.view(torch.uint8).numpy().tobytes()).hexdigest()
         return out
 

@@ -30,6 +30,7 @@ from ragen_async.transport.codec import (
     Frame,
     Message,
     RejectReason,
+    check_secret,
     decode,
     encode,
 )
@@ -108,7 +109,9 @@ class _Endpoint(ABC):
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 
@@ -116,6 +119,7 @@ class MessageSender(_Endpoint):
     """Producer end: sends signed protocol messages, blocking at most ``timeout_s`` for queue space."""
 
     def __init__(self, secret: bytes, send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S) -> None:
+        check_secret(secret)
         self._secret = secret
         self.send_timeout_s = send_timeout_s
         """Default timeout of :meth:`send`; ``None`` waits forever (only for callers that supervise)."""
@@ -154,6 +158,7 @@ class MessageReceiver(_Endpoint):
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         expected: type | tuple[type, ...] | None = None,
     ) -> None:
+        check_secret(secret)
         self._secret = secret
         self.max_message_bytes = max_message_bytes
         self._expected = expected

@@ -45,6 +45,7 @@ import numpy as np
 from ragen_async.protocol import BatchShard, Trajectory, TrajectoryGroup, TurnRecord
 
 __all__ = [
+    "ALLOWED_DTYPES",
     "CODEC_VERSION",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "REJECT_REASONS",
@@ -52,6 +53,7 @@ __all__ = [
     "Frame",
     "Message",
     "RejectReason",
+    "check_secret",
     "decode",
     "encode",
     "sign",
@@ -178,7 +180,8 @@ def sign(secret: bytes, header: Frame, arrays: Sequence[Frame]) -> bytes:
     return mac.digest()
 
 
-def _check_secret(secret: bytes) -> None:
+def check_secret(secret: bytes) -> None:
+    """Refuse anything but a non-empty ``bytes`` key (a ``str`` would silently be a different key)."""
     if not isinstance(secret, bytes) or not secret:
         raise TypeError("the per-run secret must be a non-empty bytes object")
 
@@ -208,7 +211,7 @@ class _Encoder:
                     raise TypeError(type(value).__name__)
                 return value
             if kind == "str_tuple":
-                if not all(isinstance(v, str) for v in value):
+                if isinstance(value, str) or not all(isinstance(v, str) for v in value):
                     raise TypeError("non-str item")
                 return list(value)
             # float_map
@@ -272,7 +275,7 @@ def encode(msg: Message, secret: bytes) -> list[Frame]:
             or an integer beyond 64 bits).
         TypeError: ``msg`` is not a protocol message, or the secret is not non-empty bytes.
     """
-    _check_secret(secret)
+    check_secret(secret)
     kind = _KINDS.get(type(msg))
     if kind is None:
         raise TypeError(f"cannot encode {type(msg).__name__}; expected TrajectoryGroup or BatchShard")
@@ -436,7 +439,7 @@ def decode(
     Raises:
         CodecError: with ``reason`` in :data:`REJECT_REASONS`.
     """
-    _check_secret(secret)
+    check_secret(secret)
     if isinstance(frames, (bytes, bytearray, memoryview, str)) or not isinstance(frames, Sequence):
         raise CodecError("malformed", f"expected a sequence of frames, got {type(frames).__name__}")
     if len(frames) < 2:
@@ -479,4 +482,3 @@ def decode(
     if expected is not None and not issubclass(_KIND_NAMES[kind], expected):
         raise CodecError("wrong_type", f"got a {kind} message where {expected} was expected")
     return _Decoder(arrays).message(kind, outer["body"])
-

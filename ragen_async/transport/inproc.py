@@ -71,9 +71,7 @@ class InprocReceiver(MessageReceiver):
 class InprocSender(MessageSender):
     """Puts copies of the encoded frames on the queue of the receiver bound at ``address``."""
 
-    def __init__(
-        self, address: str, secret: bytes, *, send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S
-    ) -> None:
+    def __init__(self, address: str, secret: bytes, *, send_timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S) -> None:
         super().__init__(secret, send_timeout_s)
         self.address = address
         with _registry_lock:

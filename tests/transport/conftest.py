@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ def make_trajectory(rng: np.random.Generator, group_id: str, i: int, num_turns: 
     logprobs.append(np.zeros(prompt, np.float32))
     versions.append(np.full(prompt, NO_VERSION, np.int32))
     version = int(rng.integers(0, 5))
-    for t in range(num_turns):
+    for _ in range(num_turns):
         reply, feedback = int(rng.integers(1, 40)), int(rng.integers(1, 20))
         start = version
         ids += [rng.integers(0, 32_000, reply), rng.integers(0, 32_000, feedback)]
@@ -100,7 +99,7 @@ def assert_same_message(a: object, b: object) -> None:
             assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes(), name
         elif isinstance(x, tuple) and x and hasattr(x[0], "__dataclass_fields__"):
             assert len(x) == len(y), name
-            for u, v in zip(x, y):
+            for u, v in zip(x, y, strict=True):
                 assert_same_message(u, v)
         else:
             assert x == y and type(x) is type(y), name

@@ -69,7 +69,9 @@ def test_encode_normalises_numpy_scalars_and_byte_order(msgs, secret):
 def test_encode_refuses_wrong_dtype_and_invalid_trajectories(msgs, secret):
     group = msgs.group(size=1)
     traj = group.trajectories[0]
-    wide = dataclasses.replace(group, trajectories=(dataclasses.replace(traj, token_ids=traj.token_ids.astype(np.int64)),))
+    wide = dataclasses.replace(
+        group, trajectories=(dataclasses.replace(traj, token_ids=traj.token_ids.astype(np.int64)),)
+    )
     with pytest.raises(CodecError) as err:
         encode(wide, secret)
     assert err.value.reason == "wrong_type" and "token_ids" in str(err.value)
@@ -235,7 +237,14 @@ def test_decode_rejects_oversized_unexpected_and_non_sequences(msgs, secret):
 
 
 def test_codec_error_reasons_are_a_fixed_set():
-    assert set(REJECT_REASONS) == {"bad_signature", "unknown_version", "malformed", "truncated", "oversized", "wrong_type"}
+    assert set(REJECT_REASONS) == {
+        "bad_signature",
+        "unknown_version",
+        "malformed",
+        "truncated",
+        "oversized",
+        "wrong_type",
+    }
     with pytest.raises(ValueError):
         CodecError("because")  # type: ignore[arg-type]
 

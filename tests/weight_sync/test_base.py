@@ -1,0 +1,86 @@
+import asyncio
+
+import pytest
+import torch
+
+from ragen_async.inference import FakeEngine
+from ragen_async.weight_sync import InProcessPublisher, RingBuffer, WeightSyncError, make_manifest
+from ragen_async.weight_sync.base import (
+    check_header,
+    make_header,
+    pack_bucket,
+    plan_buckets,
+    unpack_bucket,
+)
+
+
+def named_mixed():
+    g = torch.Generator().manual_seed(0)
+    return [
+        ("a.weight", torch.randn(4, 3, generator=g)),
+        ("b.weight", torch.randn(5, generator=g).to(torch.bfloat16)),
+        ("c.bias", torch.randn(7, generator=g)),
+        ("d.scalar", torch.tensor(3.5)),
+        ("e.weight", torch.randn(2, 2, generator=g).to(torch.bfloat16)),
+        ("f.big", torch.randn(100, generator=g)),
+    ]
+
+
+@pytest.mark.parametrize("bucket_bytes", [1, 64, 1 << 20])
+def test_pack_unpack_roundtrip_any_bucket_size(bucket_bytes):
+    named = named_mixed()
+    manifest = make_manifest(named)
+    buckets = plan_buckets(manifest, bucket_bytes)
+    assert sorted(i for b in buckets for i in b.indices) == list(range(len(named)))
+    tensors = [t for _, t in named]
+    got = {}
+    for b in buckets:
+        raw = pack_bucket(b, tensors).clone()  # what a receiver would get
+        got.update(unpack_bucket(b, raw, manifest))
+    for name, t in named:
+        assert got[name].dtype == t.dtype and torch.equal(got[name], t)
+    if bucket_bytes == 1 << 20:
+        assert len(buckets) == 2  # one per dtype
+
+
+def test_header_detects_manifest_or_version_mismatch():
+    manifest = make_manifest(named_mixed())
+    header = make_header(manifest, version=3, bucket_bytes=128)
+    assert check_header(header, manifest, 3, "here") == 128
+    with pytest.raises(WeightSyncError, match="expected version 4"):
+        check_header(header, manifest, 4, "here")
+    other = list(manifest)
+    other[0] = ("a.weight", "float32", [3, 4])
+    with pytest.raises(WeightSyncError, match="same manifest"):
+        check_header(header, other, 3, "here")
+
+
+def test_ring_buffer_keeps_recent_cpu_copies():
+    rb = RingBuffer(2)
+    w = torch.zeros(3)
+    for v in range(4):
+        w += 1
+        rb.push(v, {"w": w})
+    assert rb.versions() == [2, 3] and rb.latest() == 3 and len(rb) == 2
+    assert torch.equal(rb.get(2)["w"], torch.full((3,), 3.0))  # a copy, not the live tensor
+    assert 1 not in rb
+    with pytest.raises(KeyError, match="holds \\[2, 3\\]"):
+        rb.get(1)
+    with pytest.raises(ValueError, match="increase"):
+        rb.push(3, {"w": w})
+
+
+def test_in_process_publisher_sync_and_async():
+    engines = [FakeEngine(lambda p, rng: [1]), FakeEngine(lambda p, rng: [1])]
+    pub = InProcessPublisher(engines)
+    pub.publish([("w", torch.ones(2))], version=1)
+    assert [e.policy_version for e in engines] == [1, 1]
+
+    async def main():
+        await pub.apublish([("w", torch.zeros(2))], version=2)
+        with pytest.raises(RuntimeError, match="apublish"):
+            pub.publish([("w", torch.zeros(2))], version=3)
+
+    asyncio.run(main())
+    assert [e.policy_version for e in engines] == [2, 2]
+    assert torch.equal(engines[1].loaded[-1][1]["w"], torch.zeros(2))

@@ -1,0 +1,104 @@
+"""Gloo broadcast path without vLLM: receivers are threads of this process using the same
+receive code the vLLM worker extension runs."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from ragen_async.weight_sync import GlooBroadcastPublisher, WeightSyncError, WeightSyncTimeout
+from ragen_async.weight_sync.gloo import open_group, receive_weights
+
+
+def named_state():
+    g = torch.Generator().manual_seed(1)
+    return [("x.weight", torch.randn(64, 32, generator=g)),
+            ("y.weight", torch.randn(300, generator=g).to(torch.bfloat16)),
+            ("z.bias", torch.randn(5, generator=g))]
+
+
+class Receiver(threading.Thread):
+    def __init__(self, pub, rank, manifest=None, version=None, timeout_s=10.0):
+        super().__init__(daemon=True)
+        self.args = (pub.master_address, pub.master_port, pub.world_size, rank, timeout_s)
+        self.manifest, self.version, self.timeout_s = manifest, version, timeout_s
+        self.result = self.error = None
+        self.joined = threading.Event()
+
+    def run(self):
+        try:
+            pg = open_group(*self.args)
+            self.joined.set()
+            if self.manifest is not None:
+                self.result = receive_weights(pg, self.manifest, self.version, self.timeout_s,
+                                              f"receiver rank {self.args[3]}")
+            else:
+                time.sleep(self.timeout_s + 3)  # joined but never receives
+        except Exception as err:  # noqa: BLE001
+            self.error = err
+            self.joined.set()
+
+
+def test_broadcast_reaches_every_receiver_in_few_collectives():
+    named = named_state()
+    pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=2, timeout_s=10, bucket_bytes=4096)
+    manifest = pub.manifest(named)
+    receivers = [Receiver(pub, r, manifest, version=5) for r in (1, 2)]
+    for r in receivers:
+        r.start()
+    pub.publish(named, version=5)
+    for r in receivers:
+        r.join(20)
+        assert r.error is None
+        got = dict(r.result)
+        assert [n for n, _ in r.result] == [n for n, _ in named]
+        for n, t in named:
+            assert got[n].dtype == t.dtype and torch.equal(got[n], t)
+    pub.close()
+
+
+def test_receiver_with_wrong_version_gets_a_clear_error():
+    named = named_state()
+    pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=3)
+    r = Receiver(pub, 1, pub.manifest(named), version=6, timeout_s=3)
+    r.start()
+    with pytest.raises(WeightSyncError):  # the receiver hangs up after the header
+        pub.publish(named, version=5)
+    r.join(10)
+    assert isinstance(r.error, WeightSyncError) and "expected version 6" in str(r.error)
+
+
+def test_publisher_errors_when_receivers_never_join():
+    pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=2)
+    t0 = time.monotonic()
+    with pytest.raises(WeightSyncTimeout, match=f"tcp://127.0.0.1:{pub.master_port}"):
+        pub.publish(named_state(), version=1)
+    assert time.monotonic() - t0 < 10
+
+
+def test_publisher_errors_when_a_joined_receiver_never_receives():
+    pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=2)
+    r = Receiver(pub, 1, manifest=None, timeout_s=2)
+    r.start()
+    pub.connect()
+    # The header fits the socket buffer; a large buffer cannot be sent without a reader.
+    big = [("w", torch.zeros(8 * 1024 * 1024))]
+    t0 = time.monotonic()
+    with pytest.raises(WeightSyncError, match="weight broadcast from learner rank 0 at tcp://"):
+        pub.publish(big, version=1)
+    assert time.monotonic() - t0 < 10
+    r.join(10)
+
+
+def test_receiver_errors_when_publisher_never_broadcasts():
+    pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=2)
+    r = Receiver(pub, 1, pub.manifest(named_state()), version=1, timeout_s=2)
+    r.start()
+    pub.connect()  # joined, but never publishes
+    t0 = time.monotonic()
+    r.join(15)
+    assert isinstance(r.error, WeightSyncTimeout), r.error
+    assert "timed out after 2 s" in str(r.error) and "header of version 1" in str(r.error)
+    assert time.monotonic() - t0 < 10
+    pub.close()
