@@ -12,8 +12,7 @@ import re
 from dataclasses import dataclass
 
 ACTION_SEPARATOR = "||"
-_THINK_ANSWER = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
-_ANSWER_ONLY = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_LEADING_WS = re.compile(r"\s*")
 # Markup that must never leak into an action or a thought (chat-template tokens and our own tags).
 _MARKUP = re.compile(r"</?think>|</?answer>|<\|im_start\|>|<\|im_end\|>|<\|endoftext\|>")
 
@@ -45,11 +44,12 @@ def parse_reply(
     ``action_lookup`` maps ids to canonical names; ``None`` means free-form actions (Countdown),
     which pass through trimmed. ``max_actions`` caps the actions kept (the rest count as dropped).
     """
-    match = (_THINK_ANSWER if enable_think else _ANSWER_ONLY).search(text)
-    if match is None:
+    found = _find_think_answer(text) if enable_think else _find_answer(text, 0)
+    if found is None:
         return ParsedReply(actions=(), num_dropped=0, matched=False)
-    think = _MARKUP.sub("", match.group(1)).strip() if enable_think else ""
-    answer = _MARKUP.sub("", match.group(match.lastindex or 1))
+    think, answer = found
+    think = _MARKUP.sub("", think).strip()
+    answer = _MARKUP.sub("", answer)
     pieces = [p.strip() for p in answer.split(ACTION_SEPARATOR)]
     pieces = [p for p in pieces if p]
 
@@ -63,6 +63,39 @@ def parse_reply(
         else:
             actions.append(action)
     return ParsedReply(actions=tuple(actions), num_dropped=dropped, matched=True, think=think)
+
+
+def _find_answer(text: str, start: int) -> tuple[str, str] | None:
+    """``<answer>(.*?)</answer>`` searched from ``start``: ("", answer) or None."""
+    a = text.find("<answer>", start)
+    if a < 0:
+        return None
+    b = text.find("</answer>", a + len("<answer>"))
+    return None if b < 0 else ("", text[a + len("<answer>") : b])
+
+
+def _find_think_answer(text: str) -> tuple[str, str] | None:
+    """The first match of ``<think>(.*?)</think>\\s*<answer>(.*?)</answer>`` (DOTALL), found in linear
+    time: the equivalent regex backtracks quadratically on hostile input (thousands of ``<think>``).
+
+    Only the first ``<think>`` can start the first match: any match starting later also matches from
+    it. The lazy think group ends at the first ``</think>`` that is followed (after whitespace) by
+    ``<answer>`` with a ``</answer>`` somewhere after it.
+    """
+    start = text.find("<think>")
+    if start < 0:
+        return None
+    body = start + len("<think>")
+    end = text.find("</think>", body)
+    while end >= 0:
+        after = _LEADING_WS.match(text, end + len("</think>")).end()
+        if text.startswith("<answer>", after):
+            close = text.find("</answer>", after + len("<answer>"))
+            if close < 0:
+                return None  # no later </think> can have a closed answer either
+            return text[body:end], text[after + len("<answer>") : close]
+        end = text.find("</think>", end + 1)
+    return None
 
 
 def format_reply(actions: list[str], think: str = "") -> str:
