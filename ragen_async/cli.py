@@ -112,6 +112,83 @@ def make_model(
     ensure_tiny_model(out, seed=seed, force=force)
 
 
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (they measure and print tables; they assert nothing).")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("pipeline")
+def bench_pipeline_cmd(
+    config: Annotated[Path, typer.Argument(help="base config")] = Path("configs/tiny/starpo_s_bandit.yaml"),
+    overrides: OverridesArg = None,
+    k: Annotated[list[int] | None, typer.Option("--k", help="staleness bounds (repeatable)")] = None,
+    steps: Annotated[int, typer.Option(help="learner steps per run")] = 8,
+    warmup: Annotated[int, typer.Option(help="steps excluded from the rates")] = 2,
+    mode: Annotated[list[str] | None, typer.Option(help="pinned and/or unpinned")] = None,
+    out: Annotated[Path | None, typer.Option(help="append the table to this markdown file")] = None,
+) -> None:
+    """Throughput vs staleness k under runtime: ray, pinned (disjoint CPU sets) and unpinned."""
+    _setup_logging()
+    from ragen_async.experiments.bench import bench_pipeline, machine_description
+
+    ks = k or [0, 1, 2, 4]
+    modes = mode or ["pinned", "unpinned"]
+    cmd = "ragen-async bench pipeline " + " ".join([str(config), *(overrides or [])] + [f"--k {x}" for x in ks])
+    rows, table = bench_pipeline(config, overrides or [], ks, steps, warmup, modes)
+    text = (f"machine: {machine_description()}\ncommand: `{cmd} --steps {steps} --warmup {warmup}`\n"
+            f"pinned = rollout actors+engines and learner ranks on disjoint CPU sets; unpinned = shared.\n\n{table}\n")
+    print(text)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("a") as f:
+            f.write(f"\n## Pipeline benchmark ({time.strftime('%Y-%m-%d %H:%M')})\n\n{text}")
+
+
+@app.command()
+def sweep(
+    spec: Annotated[Path | None, typer.Argument(help="sweep spec (configs/sweeps/*.yaml); omit with --resume")] = None,
+    overrides: Annotated[list[str] | None, typer.Argument(help="dotted overrides for every run, e.g. total_steps=20")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the runs and their overrides; train nothing")] = False,
+    resume: Annotated[Path | None, typer.Option(help="finish the sweep in this sweep directory")] = None,
+    out: Annotated[Path | None, typer.Option(help="sweep directory (default runs/sweeps/NAME-TIMESTAMP)")] = None,
+    report: Annotated[bool, typer.Option(help="write SWEEP_DIR/report when the sweep ends")] = True,
+) -> None:
+    """Run a grid of configs one after another; every config is validated before the first run starts."""
+    _setup_logging()
+    from rich.console import Console
+
+    from ragen_async.experiments.sweep import SweepError, run_sweep
+
+    try:
+        result = run_sweep(spec, resume=resume, out=out, overrides=overrides or [], dry_run=dry_run,
+                           report=report, console=Console() if dry_run else console)
+    except SweepError as e:
+        _fail(str(e))
+    if result is not None and not dry_run and result.manifest.counts()["failed"]:
+        console.print(f"[bold red]some runs failed[/]; rerun them with: ragen-async sweep --resume {result.directory}")
+        raise typer.Exit(1)
+
+
+@app.command()
+def report(
+    paths: Annotated[list[Path], typer.Argument(help="run directories, sweep directories, or folders of runs")],
+    out: Annotated[Path | None, typer.Option(help="output folder (default: PATH/report for one path, else ./report)")] = None,
+    threshold: Annotated[float, typer.Option(help="validation success that counts as solved")] = 0.9,
+    smooth: Annotated[int, typer.Option(min=1, help="trailing mean over this many steps in the training curves")] = 1,
+) -> None:
+    """Write report.md, summary.csv and staleness/stability plots for runs or sweeps."""
+    from ragen_async.experiments.report import ReportError, write_report
+
+    target = out if out is not None else (paths[0] / "report" if len(paths) == 1 else Path("report"))
+    try:
+        result = write_report(paths, target, threshold=threshold, smooth=smooth)
+    except ReportError as e:
+        _fail(str(e))
+    for warning in result.warnings:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    console.print(f"{len(result.summaries)} runs, {len(result.plots)} plots")
+    print(result.markdown)
+
+
 def main() -> None:  # pragma: no cover
     app()
 

@@ -63,6 +63,8 @@ class RolloutConfig(_Strict):
     gpus_per_worker: float = Field(0.0, ge=0)
     max_concurrent_groups: int = Field(4, ge=1)
     """Groups a worker plays concurrently."""
+    cpu_affinity: list[int] | None = None
+    """Pin rollout actors (and their engines) to these CPU ids; ``None`` = no pinning."""
 
     @property
     def groups_per_step(self) -> int:
@@ -127,6 +129,8 @@ class LearnerConfig(_Strict):
     cpus_per_rank: float = Field(1.0, gt=0)
     gpus_per_rank: float = Field(0.0, ge=0)
     torch_threads: int = Field(1, ge=1)
+    cpu_affinity: list[int] | None = None
+    """Pin learner ranks to these CPU ids; ``None`` = no pinning."""
     seed: int = 0
 
 

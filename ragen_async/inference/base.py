@@ -15,6 +15,8 @@ for training.
 
 from __future__ import annotations
 
+import json
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -119,3 +121,17 @@ def token_versions_or_default(gen: Generation) -> list[int]:
     if gen.token_versions is not None:
         return list(gen.token_versions)
     return [gen.start_version] * len(gen.token_ids)
+
+
+def model_eos_token_ids(model_path: str) -> tuple[int, ...]:
+    """The checkpoint's EOS ids: ``eos_token_id`` of generation_config.json if it has one, else of
+    config.json (an int or a list; none -> ``()``). Engines stop at these unless told not to."""
+    for fname in ("generation_config.json", "config.json"):
+        path = os.path.join(model_path, fname)
+        if not os.path.isfile(path):
+            continue
+        with open(path) as f:
+            eos = json.load(f).get("eos_token_id")
+        if eos is not None:
+            return tuple(sorted({int(eos)} if isinstance(eos, int) else {int(e) for e in eos}))
+    return ()

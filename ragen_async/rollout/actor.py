@@ -56,6 +56,9 @@ class RolloutActor:
         os.environ.setdefault("OMP_NUM_THREADS", str(engine_threads))
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         self.cfg = RunConfig.model_validate(cfg_data)
+        if self.cfg.rollout.cpu_affinity:
+            # Set before the engine starts: its engine-core process inherits the mask.
+            os.sched_setaffinity(0, set(self.cfg.rollout.cpu_affinity))
         self.worker_id = worker_id
         self.buffer_address = buffer_address
         self.secret = secret

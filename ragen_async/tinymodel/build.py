@@ -77,6 +77,10 @@ class TinyModelConfig:
     sft_warmup_steps: int = 20
     sft_weight_decay: float = 0.01
     sft_episodes_per_tag: int = 400
+    sft_invalid_turn_prob: float = 0.1
+    """Share of warm-start turns that are invalid replies kept out of the loss (context after a mistake)."""
+    sft_bandit_name_swap: float = 0.5
+    """Share of bandit episodes whose arm names are swapped across the bandit tags."""
     max_turns: int = 5
     """Turns per SFT episode (the agent default)."""
     max_actions_per_turn: int = 5
@@ -209,23 +213,68 @@ class SFTExample:
     loss_mask: list[int]
 
 
+def _reply_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
+    """(start, end) of every run of 1s in the loss mask: one per reply, in turn order."""
+    spans, start = [], None
+    for i, m in enumerate(loss_mask + [0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+def _augmented_bandit(env, names: list[str], rng: random.Random):
+    """A copy of a bandit env whose two arm names are drawn from ``names`` (all tags' arm names), so the
+    model must read the names off the prompt instead of memorising which tag uses which."""
+    from ragen_async.envs.bandit import BanditEnv
+
+    lo, hi = rng.sample(names, 2)
+    return BanditEnv(**{**dataclasses.asdict(env.config), "lo_arm_name": lo, "hi_arm_name": hi})
+
+
 def make_sft_examples(chat, config: TinyModelConfig, seed: int) -> list[SFTExample]:
-    """Episodes of every tag played with random well-formed replies through ``play_episode``."""
+    """Episodes of every tag played with random well-formed replies through ``play_episode``.
+
+    Some turns are deliberately invalid replies (``sft_invalid_turn_prob``) whose tokens are taken out
+    of the loss mask: they only provide the context of a turn after a mistake. A share of bandit
+    episodes (``sft_bandit_name_swap``) use arm names swapped across the bandit tags.
+    """
     from ragen_async.agent.episode import AgentLimits, play_episode
+    from ragen_async.envs.bandit import BanditEnv
 
     limits = AgentLimits(max_turns=config.max_turns, max_actions_per_turn=config.max_actions_per_turn,
                          max_tokens_per_turn=config.max_tokens_per_turn,
                          context_budget_tokens=config.max_position_embeddings)
+    envs = {tag: corpus.make_env(tag) for tag in config.env_tags}
+    foreign = tuple(sorted({a for env in envs.values() for a in env.valid_actions()}))
+    arm_names = sorted({name for env in envs.values() if isinstance(env, BanditEnv)
+                        for name in (env.config.lo_arm_name, env.config.hi_arm_name)})
 
     async def play_all() -> list[SFTExample]:
         examples = []
         for t, tag in enumerate(config.env_tags):
-            policy = corpus.RandomFormatPolicy(chat, config.max_actions_per_turn, seed=seed * 1_000 + t)
-            env = corpus.make_env(tag)
+            rng = random.Random(seed * 1_000 + t)
+            policy = corpus.RandomFormatPolicy(chat, config.max_actions_per_turn, seed=seed * 1_000 + t,
+                                               invalid_turn_prob=config.sft_invalid_turn_prob,
+                                               foreign_actions=foreign)
             for i in range(config.sft_episodes_per_tag):
+                env = envs[tag]
+                if isinstance(env, BanditEnv) and len(arm_names) > 2 and rng.random() < config.sft_bandit_name_swap:
+                    env = _augmented_bandit(env, arm_names, rng)
+                policy.start_episode()
                 # Seeds far from the small ones evaluations use (the model learns nothing about levels anyway).
                 traj = await play_episode(policy, chat, env, tag, 1_000_000 + seed * 100_000 + i, limits)
-                examples.append(SFTExample(tag, traj.token_ids.tolist(), traj.loss_mask.tolist()))
+                mask = traj.loss_mask.tolist()
+                spans = _reply_spans(mask)
+                assert len(spans) == len(policy.history) == len(traj.turns), (len(spans), len(policy.history))
+                for (start, end), invalid, turn in zip(spans, policy.history, traj.turns, strict=True):
+                    assert turn.format_ok != invalid, f"{tag}: scripted reply validity mismatch"
+                    if invalid:
+                        mask[start:end] = [0] * (end - start)
+                if any(mask):
+                    examples.append(SFTExample(tag, traj.token_ids.tolist(), mask))
         return examples
 
     return asyncio.run(play_all())

@@ -49,17 +49,52 @@ def random_reply_text(env: TextEnv, actions_left: int, max_actions_per_turn: int
     return format_reply(actions, think=rng.choice(GENERIC_THOUGHTS))
 
 
+def invalid_reply_text(env: TextEnv, actions_left: int, max_actions_per_turn: int, rng: random.Random,
+                       foreign_actions: tuple[str, ...] = ()) -> str:
+    """A reply a model might get wrong (an action outside the vocabulary, too many actions, an empty
+    answer or no tags at all): used as *context* only, so the warm start sees how episodes continue
+    after a bad turn without ever being trained to write one."""
+    thought = rng.choice(GENERIC_THOUGHTS)
+    cap = max(1, min(max_actions_per_turn, actions_left))
+    own = set(env.valid_actions())
+    foreign = [a for a in foreign_actions if a not in own] if env.action_lookup else []
+    kind = rng.choice(("foreign", "too_many", "empty", "untagged"))
+    if kind == "foreign" and foreign:
+        return format_reply([rng.choice(foreign)], think=thought)
+    if kind == "too_many":
+        return format_reply([env.random_action(rng) for _ in range(cap + rng.randint(1, 2))], think=thought)
+    if kind == "untagged":
+        return f" {thought} {env.random_action(rng)}"
+    return format_reply([], think=thought)
+
+
 class RandomFormatPolicy(ReplyPolicy):
     """Scripted warm-start policy: :func:`random_reply_text` encoded through ``ChatFormat``, ending with
-    the end-of-turn token — token-for-token what a model that learned the format would sample."""
+    the end-of-turn token — token-for-token what a model that learned the format would sample.
 
-    def __init__(self, chat: ChatFormat, max_actions_per_turn: int, seed: int = 0):
+    With probability ``invalid_turn_prob`` a turn gets an :func:`invalid_reply_text` instead;
+    ``history`` records, per reply since the last :meth:`start_episode`, whether it was one (the SFT
+    loss mask leaves those replies out)."""
+
+    def __init__(self, chat: ChatFormat, max_actions_per_turn: int, seed: int = 0, invalid_turn_prob: float = 0.0,
+                 foreign_actions: tuple[str, ...] = ()):
         self.chat = chat
         self.max_actions_per_turn = max_actions_per_turn
+        self.invalid_turn_prob = invalid_turn_prob
+        self.foreign_actions = foreign_actions
         self.rng = random.Random(seed)
+        self.history: list[bool] = []
+
+    def start_episode(self) -> None:
+        self.history = []
 
     async def reply(self, context_ids, env, actions_left, max_tokens, request_seed):
-        text = random_reply_text(env, actions_left, self.max_actions_per_turn, self.rng)
+        invalid = self.rng.random() < self.invalid_turn_prob
+        if invalid:
+            text = invalid_reply_text(env, actions_left, self.max_actions_per_turn, self.rng, self.foreign_actions)
+        else:
+            text = random_reply_text(env, actions_left, self.max_actions_per_turn, self.rng)
+        self.history.append(invalid)
         ids = self.chat.encode(text) + [self.chat.end_of_turn_id]
         return Generation(token_ids=ids, logprobs=[0.0] * len(ids), start_version=0, end_version=0,
                           finish_reason="stop")

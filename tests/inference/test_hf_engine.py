@@ -21,7 +21,7 @@ def forward_logprobs(model, ids, temperature=1.0):
 
 @pytest.fixture(scope="module")
 def engine(random_tiny_qwen2):
-    return HFEngine(random_tiny_qwen2, seed=0)
+    return HFEngine(random_tiny_qwen2, seed=0, stop_at_model_eos=False)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_sampling_logprobs_top_p_keeps_smallest_sufficient_set():
 
 
 def test_prompt_logprobs_and_load_state_dict(random_tiny_qwen2, reference):
-    eng = HFEngine(random_tiny_qwen2)
+    eng = HFEngine(random_tiny_qwen2, stop_at_model_eos=False)
     seq = PROMPT + [1, 2, 3, 400, 401]
     assert run(eng.prompt_logprobs(seq)) == pytest.approx(forward_logprobs(reference, seq), abs=1e-4)
     assert run(eng.prompt_logprobs(seq, 0.5)) == pytest.approx(
@@ -95,7 +95,7 @@ def test_prompt_logprobs_and_load_state_dict(random_tiny_qwen2, reference):
 
 
 def test_inflight_update_switches_version_mid_reply(random_tiny_qwen2, reference):
-    eng = HFEngine(random_tiny_qwen2)
+    eng = HFEngine(random_tiny_qwen2, stop_at_model_eos=False)
     state = reference.state_dict()
 
     async def main():
@@ -122,3 +122,16 @@ def test_inflight_update_switches_version_mid_reply(random_tiny_qwen2, reference
     assert g.token_versions == sorted(g.token_versions)
     assert g.start_version == 1 and g.end_version == g.token_versions[-1]
     assert g.end_version > g.start_version
+
+
+def test_stops_at_the_checkpoints_eos_by_default(random_tiny_qwen2, engine):
+    eos_engine = HFEngine(random_tiny_qwen2)
+    assert eos_engine.eos_token_ids == (2,)  # generation_config.json of the fixture
+    for seed in range(40):
+        free = run(engine.generate(PROMPT, SamplingConfig(max_tokens=100, seed=seed)))
+        if 2 in free.token_ids:
+            break
+    else:
+        pytest.skip("EOS never sampled")
+    g = run(eos_engine.generate(PROMPT, SamplingConfig(max_tokens=100, seed=seed)))
+    assert g.token_ids == free.token_ids[: free.token_ids.index(2) + 1] and g.finish_reason == "stop"

@@ -35,14 +35,25 @@ def test_missing_model_path_is_reported_before_vllm_starts(tmp_path):
         VLLMEngine(str(tmp_path))
 
 
+def test_sampling_params_stop_explicitly_at_request_and_model_eos_ids():
+    pytest.importorskip("vllm")
+    from ragen_async.inference.vllm_engine import VLLMEngine
+
+    eng = VLLMEngine.__new__(VLLMEngine)  # no engine start: only the request mapping
+    eng.eos_token_ids = (2,)
+    p = eng._sampling_params(SamplingConfig(temperature=0.5, top_k=-1, stop_token_ids=(7, 2), seed=4))
+    assert p.stop_token_ids == [2, 7] and p.ignore_eos and p.top_k in (0, -1)
+    assert p.logprobs == 0 and p.seed == 4 and p.temperature == 0.5 and not p.detokenize
+
+
 @pytest.fixture(scope="module")
 def reference(random_tiny_qwen2):
     return AutoModelForCausalLM.from_pretrained(random_tiny_qwen2, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
-def h(random_tiny_qwen2, reference):
-    harness = get_harness(random_tiny_qwen2)
+def h(random_tiny_qwen2, reference, request):
+    harness = get_harness(random_tiny_qwen2, request)
     harness.restore(reference.state_dict(), version=0)
     return harness
 

@@ -1,0 +1,140 @@
+"""``ragen-async bench pipeline``: throughput of the asynchronous pipeline against staleness k.
+
+Runs one config under ``runtime: ray`` for each k and reports groups/s, learner tokens/s, rollout
+and learner idle fractions, mean staleness, throughput relative to k = 0, and the ideal overlap
+bound ``(T_gen + T_train) / max(T_gen, T_train)`` computed from the k = 0 run's phase times (what
+perfect overlap of generation and training could gain over running them one after the other).
+
+That bound assumes generation and training do not slow each other down. When both sides share
+the same cores it is meaningless, so every mode is run *pinned* (rollout actors and their engines
+on one CPU set, learner ranks on a disjoint one, thread counts matched) and, for comparison,
+*unpinned*. A benchmark measures; nothing here asserts a speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ragen_async.config import RunConfig, load_config
+
+
+@dataclass
+class BenchRow:
+    mode: str
+    k: int
+    groups_per_s: float
+    learner_tokens_per_s: float
+    rollout_idle: float
+    learner_idle: float
+    staleness_mean: float
+    t_gen_s: float
+    t_train_s: float
+    steps: int
+    wall_s: float
+
+
+def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    rows = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if "learner/step" in rec and "timing/step_s" in rec:
+            rows.append(rec)
+    return rows
+
+
+def _mean(rows: list[dict[str, Any]], key: str) -> float:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def split_cpus(cpus: list[int]) -> tuple[list[int], list[int]]:
+    """Disjoint CPU sets for the rollout side and the learner side (rollout gets the larger half:
+    generation is the bottleneck of agent RL)."""
+    if len(cpus) < 2:
+        raise ValueError("pinning needs at least 2 CPUs (one per side)")
+    half = (len(cpus) + 1) // 2
+    return cpus[:half], cpus[half:]
+
+
+def bench_config(base: RunConfig, k: int, pinned: bool, steps: int, cpus: list[int]) -> RunConfig:
+    rollout_cpus, learner_cpus = split_cpus(cpus)
+    data = base.model_dump()
+    data.update(runtime="ray", total_steps=steps, name=f"bench-k{k}-{'pinned' if pinned else 'unpinned'}")
+    data["validation"]["every"] = 0
+    data["staleness"] = {"max_staleness": k, "fixed_lag": False}
+    data["logging"]["console"] = False
+    data["rollout"]["cpu_affinity"] = rollout_cpus if pinned else None
+    data["learner"]["cpu_affinity"] = learner_cpus if pinned else None
+    # Matched thread budgets in both modes, so pinning is the only difference.
+    data["rollout"]["cpus_per_worker"] = float(len(rollout_cpus)) / data["rollout"]["num_workers"]
+    data["learner"]["torch_threads"] = max(1, len(learner_cpus) // data["learner"]["num_ranks"])
+    return RunConfig.model_validate(data)
+
+
+def run_one(cfg: RunConfig, warmup_steps: int) -> BenchRow:
+    from ragen_async.orchestrator import train
+
+    t0 = time.perf_counter()
+    run_dir, _ = train(cfg)
+    wall = time.perf_counter() - t0
+    rows = _read_metrics(Path(run_dir))
+    measured = rows[warmup_steps:] or rows
+    elapsed = sum(r["timing/step_s"] for r in measured)
+    groups = cfg.rollout.groups_per_step * len(measured)
+    tokens = sum(r.get("learner/num_tokens", 0.0) for r in measured)
+    return BenchRow(
+        mode="pinned" if cfg.rollout.cpu_affinity else "unpinned",
+        k=cfg.staleness.max_staleness or 0,
+        groups_per_s=groups / max(elapsed, 1e-9),
+        learner_tokens_per_s=tokens / max(elapsed, 1e-9),
+        rollout_idle=_mean(measured, "rollout/idle_frac"),
+        learner_idle=_mean(measured, "learner/idle_frac"),
+        staleness_mean=_mean(measured, "staleness/mean"),
+        t_gen_s=_mean(measured, "timing/wait_batch_s"),
+        t_train_s=_mean(measured, "timing/train_s") + _mean(measured, "weight_sync/time_s"),
+        steps=len(measured),
+        wall_s=wall,
+    )
+
+
+def overlap_bound(k0: BenchRow) -> float:
+    """(T_gen + T_train) / max(T_gen, T_train) from a k = 0 run, where the phases alternate."""
+    return (k0.t_gen_s + k0.t_train_s) / max(k0.t_gen_s, k0.t_train_s, 1e-9)
+
+
+def format_table(rows: list[BenchRow]) -> str:
+    lines = ["| mode | k | groups/s | learner tok/s | rollout idle | learner idle | mean staleness | "
+             "× k=0 | overlap bound (k=0) |", "|---|---|---|---|---|---|---|---|---|"]
+    for mode in ("pinned", "unpinned"):
+        mode_rows = [r for r in rows if r.mode == mode]
+        base = next((r for r in mode_rows if r.k == 0), None)
+        for r in mode_rows:
+            ratio = r.groups_per_s / base.groups_per_s if base else float("nan")
+            bound = f"{overlap_bound(base):.2f}" if base is not None and r.k == 0 else ""
+            lines.append(f"| {mode} | {r.k} | {r.groups_per_s:.3f} | {r.learner_tokens_per_s:.0f} | "
+                         f"{r.rollout_idle:.2f} | {r.learner_idle:.2f} | {r.staleness_mean:.2f} | {ratio:.2f} | {bound} |")
+    return "\n".join(lines)
+
+
+def machine_description() -> str:
+    cpus = sorted(os.sched_getaffinity(0))
+    return f"{platform.machine()} {platform.processor() or ''} {len(cpus)} CPUs ({platform.platform()})".strip()
+
+
+def bench_pipeline(config: Path, overrides: list[str], ks: list[int], steps: int, warmup_steps: int,
+                   modes: list[str]) -> tuple[list[BenchRow], str]:
+    base = load_config(config, overrides)
+    cpus = sorted(os.sched_getaffinity(0))
+    rows = []
+    for mode in modes:
+        for k in ks:
+            rows.append(run_one(bench_config(base, k, mode == "pinned", steps, cpus), warmup_steps))
+    return rows, format_table(rows)

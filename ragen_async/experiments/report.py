@@ -1,0 +1,625 @@
+"""Reports: what a run, or a sweep of runs, says about staleness and stability.
+
+``write_report(paths, out)`` reads the ``metrics.jsonl`` of every run it finds under ``paths`` (run
+directories, sweep directories, or folders holding either) and writes into ``out``:
+
+* ``report.md``: an overview table (one row per run), then a table per run: final and best
+  validation success per environment, the step validation first reached the threshold, staleness,
+  the collapse indicators (largest gradient norm, smallest entropy, in-group reward std early vs
+  late), the behaviour/learner k3 mismatch and the mean step time;
+* ``summary.csv``: the overview as numbers, for further analysis;
+* ``curves_*.png``: validation success, rollout reward, in-group reward std, entropy, gradient norm
+  and mean staleness against the learner step, one line per run, coloured by ``max_staleness`` (solid
+  = bounded, dashed = fixed lag);
+* ``staleness_stability.png``: final validation success and largest gradient norm against k, one
+  marker shape per off-policy correction.
+
+Runs may be of different lengths, still running (a half-written last line is skipped with a
+warning), resumed (a replayed step keeps its latest record), or missing any metric (shown as —).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+STEP = "learner/step"
+MISSING = "—"
+
+
+class ReportError(ValueError):
+    """Nothing to report on; the message says what was looked at."""
+
+
+# ---------------------------------------------------------------------------- reading runs
+def _number(value: Any) -> float:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, int | float):
+        return float(value)
+    return math.nan
+
+
+def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The records of a ``metrics.jsonl`` and warnings about lines that could not be read."""
+    warnings: list[str] = []
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        return [], [f"cannot read {path}: {e}"]
+    lines = text.split("\n")
+    complete = text.endswith("\n")
+    if complete:
+        lines.pop()  # the empty string after the final newline
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            last = number == len(lines)
+            warnings.append(f"skipped a partial last line of {path.name} (run still writing?)" if last and not complete
+                            else f"skipped unreadable line {number} of {path.name}")
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records, warnings
+
+
+def _latest_per_step(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per learner step, the latest written (a resumed run replays the steps after its
+    checkpoint), sorted by step."""
+    by_step: dict[float, dict[str, Any]] = {}
+    for r in records:
+        step = _number(r.get(STEP))
+        if math.isfinite(step):
+            by_step[step] = r
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def _lookup(config: dict[str, Any], dotted: str, default: Any = None) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+@dataclass
+class RunData:
+    name: str
+    path: Path | None
+    config: dict[str, Any] = field(default_factory=dict)
+    train: list[dict[str, Any]] = field(default_factory=list)
+    val: list[dict[str, Any]] = field(default_factory=list)
+    status: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: Path, name: str | None = None, status: str | None = None) -> RunData:
+        run = cls(name=name or path.name, path=path, status=status)
+        config_path = path / "config.yaml"
+        if config_path.is_file():
+            try:
+                loaded = yaml.safe_load(config_path.read_text())
+                run.config = loaded if isinstance(loaded, dict) else {}
+            except yaml.YAMLError:
+                run.warnings.append("config.yaml is not valid YAML; staleness settings unknown")
+        metrics = path / "metrics.jsonl"
+        if metrics.is_file():
+            records, problems = read_metrics(metrics)
+            run.warnings += problems
+            training, validation = [], []
+            for r in records:
+                (validation if any(k.startswith("val/") for k in r) else training).append(r)
+            run.train, run.val = _latest_per_step(training), _latest_per_step(validation)
+        elif status != "pending":
+            run.warnings.append("no metrics.jsonl (not started yet?)")
+        return run
+
+    # ---------------------------------------------------------------- settings
+    @property
+    def has_config(self) -> bool:
+        return bool(self.config)
+
+    @property
+    def k(self) -> int | None:
+        """``max_staleness`` (``None`` = unbounded); see :attr:`has_config` for "unknown"."""
+        value = _lookup(self.config, "staleness.max_staleness", 0)
+        return None if value is None else int(value)
+
+    @property
+    def fixed_lag(self) -> bool:
+        return bool(_lookup(self.config, "staleness.fixed_lag", False))
+
+    @property
+    def off_policy(self) -> str:
+        return str(_lookup(self.config, "algo.off_policy", "none"))
+
+    @property
+    def seed(self) -> Any:
+        return _lookup(self.config, "seed")
+
+    @property
+    def total_steps(self) -> int | None:
+        value = _lookup(self.config, "total_steps")
+        return int(value) if isinstance(value, int) else None
+
+    # ---------------------------------------------------------------- series
+    def series(self, key: str, validation: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, values) where ``key`` is a finite number."""
+        pairs = [(_number(r.get(STEP)), _number(r.get(key))) for r in (self.val if validation else self.train)]
+        pairs = [(s, v) for s, v in pairs if math.isfinite(v)]
+        if not pairs:
+            return np.zeros(0), np.zeros(0)
+        steps, values = zip(*pairs, strict=True)
+        return np.asarray(steps), np.asarray(values)
+
+    @property
+    def val_envs(self) -> list[str]:
+        """Validation environment tags, from ``val/<Env>/success``."""
+        tags = {k.split("/")[1] for r in self.val for k in r if k.startswith("val/") and k.count("/") == 2
+                and k.endswith("/success")}
+        return sorted(tags)
+
+    def val_success(self) -> tuple[np.ndarray, np.ndarray]:
+        """Overall validation success per validation step (``val/success``, else the env mean)."""
+        steps, values = self.series("val/success", validation=True)
+        if steps.size or not self.val_envs:
+            return steps, values
+        per_env = [dict(zip(*self.series(f"val/{t}/success", validation=True), strict=True)) for t in self.val_envs]
+        common = sorted(set.intersection(*(set(d) for d in per_env)))
+        return np.asarray(common), np.asarray([np.mean([d[s] for d in per_env]) for s in common])
+
+    @property
+    def last_step(self) -> int:
+        steps = [_number(r.get(STEP)) for r in self.train]
+        return int(max(steps)) if steps else 0
+
+
+# ---------------------------------------------------------------------------- finding runs
+def find_runs(paths: Sequence[str | Path]) -> tuple[list[RunData], list[str]]:
+    """Runs under ``paths`` (run dirs, sweep dirs, or folders holding them) and warnings."""
+    runs: list[RunData] = []
+    warnings: list[str] = []
+    seen: set[Path] = set()
+
+    def add(path: Path, name: str | None = None, status: str | None = None) -> None:
+        key = path.resolve()
+        if key not in seen:
+            seen.add(key)
+            runs.append(RunData.load(path, name=name, status=status))
+
+    for given in map(Path, paths):
+        if (given / "sweep.json").is_file():
+            for name, record in _manifest_runs(given / "sweep.json", warnings):
+                run_dir = record.get("run_dir")
+                if run_dir:
+                    add(given / run_dir, name=name, status=record.get("status"))
+                else:
+                    runs.append(RunData(name=name, path=None, status=record.get("status", "pending")))
+        elif (given / "metrics.jsonl").is_file() or (given / "config.yaml").is_file():
+            add(given)
+        elif given.is_dir():
+            found = sorted({p.parent for p in given.rglob("metrics.jsonl")})
+            if not found:
+                warnings.append(f"{given}: no run directories (metrics.jsonl) under it")
+            for path in found:
+                add(path)
+        else:
+            warnings.append(f"{given}: not a directory")
+    names = [r.name for r in runs]
+    for r in runs:  # runs from different folders may share a directory name
+        if names.count(r.name) > 1 and r.path is not None:
+            r.name = f"{r.path.parent.name}/{r.name}"
+    return runs, warnings
+
+
+def _manifest_runs(path: Path, warnings: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    try:
+        runs = json.loads(path.read_text())["runs"]
+        return [(name, rec) for name, rec in runs.items() if isinstance(rec, dict)]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        warnings.append(f"{path}: unreadable sweep manifest ({e})")
+        return []
+
+
+# ---------------------------------------------------------------------------- summaries
+@dataclass
+class EnvValidation:
+    final: float = math.nan
+    best: float = math.nan
+    reached_at: int | None = None
+    """First validation step with success >= the threshold."""
+
+
+def _nanmean(values: Iterable[float]) -> float:
+    arr = np.asarray([v for v in values if math.isfinite(v)], dtype=float)
+    return float(arr.mean()) if arr.size else math.nan
+
+
+def _nanmax(values: np.ndarray) -> float:
+    return float(values.max()) if values.size else math.nan
+
+
+@dataclass
+class RunSummary:
+    name: str
+    status: str
+    k: int | None
+    k_known: bool
+    fixed_lag: bool
+    off_policy: str
+    seed: Any
+    steps: int
+    total_steps: int | None
+    val: dict[str, EnvValidation]
+    final_val: float
+    best_val: float
+    reached_at: int | None
+    staleness_mean: float
+    staleness_max: float
+    grad_norm_max: float
+    grad_norm_max_step: int | None
+    entropy_min: float
+    entropy_min_step: int | None
+    reward_std_first: float
+    reward_std_last: float
+    k3_mismatch: float
+    step_time: float
+
+    @property
+    def k_label(self) -> str:
+        return "?" if not self.k_known else "∞" if self.k is None else str(self.k)
+
+    @property
+    def lag_label(self) -> str:
+        return "fixed" if self.fixed_lag else "bounded"
+
+
+def _validation(steps: np.ndarray, values: np.ndarray, threshold: float) -> EnvValidation:
+    if not values.size:
+        return EnvValidation()
+    reached = np.nonzero(values >= threshold)[0]
+    return EnvValidation(final=float(values[-1]), best=float(values.max()),
+                         reached_at=int(steps[reached[0]]) if reached.size else None)
+
+
+def _extreme(run: RunData, key: str, pick) -> tuple[float, int | None]:
+    steps, values = run.series(key)
+    if not values.size:
+        return math.nan, None
+    i = int(pick(values))
+    return float(values[i]), int(steps[i])
+
+
+def _early_late(values: np.ndarray, fraction: float = 0.1) -> tuple[float, float]:
+    """Means of the first and last ``fraction`` of the values (at least one value each)."""
+    if not values.size:
+        return math.nan, math.nan
+    n = max(1, math.ceil(fraction * values.size))
+    return float(values[:n].mean()), float(values[-n:].mean())
+
+
+def summarize(run: RunData, threshold: float = 0.9) -> RunSummary:
+    envs = {tag: _validation(*run.series(f"val/{tag}/success", validation=True), threshold)
+            for tag in run.val_envs}
+    if not envs and run.series("val/success", validation=True)[0].size:
+        envs = {"all": _validation(*run.series("val/success", validation=True), threshold)}
+    overall = _validation(*run.val_success(), threshold)
+    gmax, gmax_step = _extreme(run, "actor/grad_norm", np.argmax)
+    emin, emin_step = _extreme(run, "actor/entropy", np.argmin)
+    std_first, std_last = _early_late(run.series("rollout/in_group_reward_std")[1])
+    total = run.total_steps
+    status = run.status or ("no metrics" if not run.train and not run.val
+                            else "complete" if total is not None and run.last_step >= total else "partial")
+    return RunSummary(
+        name=run.name, status=status, k=run.k, k_known=run.has_config, fixed_lag=run.fixed_lag,
+        off_policy=run.off_policy, seed=run.seed, steps=run.last_step, total_steps=total, val=envs,
+        final_val=overall.final, best_val=overall.best, reached_at=overall.reached_at,
+        staleness_mean=_nanmean(run.series("staleness/mean")[1]),
+        staleness_max=_nanmax(run.series("staleness/max")[1]),
+        grad_norm_max=gmax, grad_norm_max_step=gmax_step, entropy_min=emin, entropy_min_step=emin_step,
+        reward_std_first=std_first, reward_std_last=std_last,
+        k3_mismatch=_nanmean(run.series("mismatch/k3_kl")[1]),
+        step_time=_nanmean(run.series("timing/step_s")[1]),
+    )
+
+
+# ---------------------------------------------------------------------------- formatting
+def _f(value: float | None, spec: str = ".3f") -> str:
+    if value is None or not math.isfinite(value):
+        return MISSING
+    return format(value, spec)
+
+
+def _at(value: float, step: int | None, spec: str) -> str:
+    return _f(value, spec) + (f" (step {step})" if step is not None and math.isfinite(value) else "")
+
+
+def _trend(first: float, last: float) -> str:
+    if not (math.isfinite(first) and math.isfinite(last)):
+        return MISSING
+    change = f" ({(last - first) / first:+.0%})" if first > 0 else ""
+    return f"{first:.3f} → {last:.3f}{change}"
+
+
+def _steps(s: RunSummary) -> str:
+    return f"{s.steps}/{s.total_steps}" if s.total_steps is not None else str(s.steps)
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+OVERVIEW = ("run", "k", "lag", "correction", "seed", "status", "steps", "final val", "best val",
+            "val ≥ {t} at", "staleness mean / max", "max grad norm", "min entropy",
+            "reward std first → last 10%", "k3 mismatch", "step s")
+
+
+def _overview_row(s: RunSummary) -> list[str]:
+    return [s.name, s.k_label, s.lag_label, s.off_policy, MISSING if s.seed is None else str(s.seed), s.status,
+            _steps(s), _f(s.final_val), _f(s.best_val), MISSING if s.reached_at is None else str(s.reached_at),
+            f"{_f(s.staleness_mean, '.2f')} / {_f(s.staleness_max, '.0f')}", _f(s.grad_norm_max, '.3g'),
+            _f(s.entropy_min, '.3g'), _trend(s.reward_std_first, s.reward_std_last), _f(s.k3_mismatch, '.2e'),
+            _f(s.step_time, '.2f')]
+
+
+def _run_section(run: RunData, s: RunSummary, threshold: float) -> list[str]:
+    lines = [f"### {s.name}", ""]
+    where = f"`{run.path}`" if run.path is not None else "no run directory yet"
+    settings = (f"k = {s.k_label}, {s.lag_label}, correction {s.off_policy}, seed {s.seed}" if s.k_known
+                else "settings unknown (no config.yaml)")
+    lines += [f"{where} · {s.status} · {_steps(s)} steps · {settings}", ""]
+    if s.val:
+        rows = [(env, _f(v.final), _f(v.best), MISSING if v.reached_at is None else v.reached_at)
+                for env, v in s.val.items()]
+        lines += _table(("validation env", "final success", "best success", f"first step ≥ {threshold:g}"), rows)
+    else:
+        lines.append("No validation records.")
+    lines.append("")
+    rows = [
+        ("staleness mean / max (versions)", f"{_f(s.staleness_mean, '.2f')} / {_f(s.staleness_max, '.0f')}"),
+        ("max grad norm", _at(s.grad_norm_max, s.grad_norm_max_step, ".3g")),
+        ("min entropy", _at(s.entropy_min, s.entropy_min_step, ".3g")),
+        ("in-group reward std, first → last 10% of steps", _trend(s.reward_std_first, s.reward_std_last)),
+        ("behaviour/learner k3 mismatch, mean", _f(s.k3_mismatch, ".2e")),
+        ("mean step time (s)", _f(s.step_time, ".2f")),
+    ]
+    lines += _table(("indicator", "value"), rows)
+    return [*lines, ""]
+
+
+def _csv_rows(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
+    rows = []
+    for s in summaries:
+        row: dict[str, Any] = {
+            "run": s.name, "k": s.k_label, "fixed_lag": s.fixed_lag, "off_policy": s.off_policy, "seed": s.seed,
+            "status": s.status, "steps": s.steps, "total_steps": s.total_steps, "final_val": s.final_val,
+            "best_val": s.best_val, "val_reached_at": s.reached_at, "staleness_mean": s.staleness_mean,
+            "staleness_max": s.staleness_max, "grad_norm_max": s.grad_norm_max, "entropy_min": s.entropy_min,
+            "reward_std_first": s.reward_std_first, "reward_std_last": s.reward_std_last,
+            "k3_mismatch": s.k3_mismatch, "step_time_s": s.step_time,
+        }
+        for env, v in s.val.items():
+            row[f"val_{env}_final"], row[f"val_{env}_best"] = v.final, v.best
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------- plots
+CURVES = (
+    ("val_success", "validation success", None),
+    ("rollout_reward", "rollout reward (mean)", "rollout/reward_mean"),
+    ("in_group_reward_std", "in-group reward std", "rollout/in_group_reward_std"),
+    ("entropy", "policy entropy", "actor/entropy"),
+    ("grad_norm", "gradient norm", "actor/grad_norm"),
+    ("staleness_mean", "staleness, mean (versions)", "staleness/mean"),
+)
+MARKERS = {"none": "o", "tis": "s", "decoupled": "^"}
+MAX_RUN_LEGEND = 12
+
+
+def _k_colors(runs: Sequence[RunData]) -> dict[Any, Any]:
+    """A colour per ``max_staleness``: viridis over the finite k, red for unbounded, grey for unknown."""
+    from matplotlib import colormaps
+
+    ks = sorted({r.k for r in runs if r.has_config and r.k is not None})
+    cmap = colormaps["viridis"]
+    colors: dict[Any, Any] = {k: cmap(x) for k, x in zip(ks, np.linspace(0.05, 0.85, max(len(ks), 1)), strict=False)}
+    colors[None], colors["?"] = "tab:red", "0.55"
+    return colors
+
+
+def _color(run: RunData, colors: dict[Any, Any]) -> Any:
+    return colors[run.k] if run.has_config else colors["?"]
+
+
+def _smooth(values: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over ``window`` points (the first points average what there is)."""
+    if window <= 1 or values.size < 2:
+        return values
+    csum = np.cumsum(np.insert(values, 0, 0.0))
+    idx = np.arange(1, values.size + 1)
+    lo = np.maximum(idx - window, 0)
+    return (csum[idx] - csum[lo]) / (idx - lo)
+
+
+def _save(fig, path: Path) -> Path:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def _legend(ax, runs: Sequence[RunData], colors: dict[Any, Any]) -> None:
+    from matplotlib.lines import Line2D
+
+    if len(runs) <= MAX_RUN_LEGEND:
+        ax.legend(fontsize=7, frameon=False, loc="best")
+        return
+    handles = [Line2D([], [], color=_color(r, colors), label=f"k = {_k_text(r)}")
+               for r in {_k_text(r): r for r in runs}.values()]
+    if len({r.fixed_lag for r in runs}) > 1:
+        handles += [Line2D([], [], color="0.3", ls="-", label="bounded"),
+                    Line2D([], [], color="0.3", ls="--", label="fixed lag")]
+    ax.legend(handles=handles, fontsize=7, frameon=False, loc="best")
+
+
+def _k_text(run: RunData) -> str:
+    return "?" if not run.has_config else "∞" if run.k is None else str(run.k)
+
+
+def plot_curves(runs: Sequence[RunData], out: Path, smooth: int = 1) -> list[Path]:
+    """One PNG per curve in :data:`CURVES` that any run has data for."""
+    from matplotlib.figure import Figure
+
+    colors = _k_colors(runs)
+    ordered = sorted(runs, key=lambda r: (not r.has_config, math.inf if r.k is None else r.k, r.name))
+    written = []
+    for slug, title, key in CURVES:
+        fig = Figure(figsize=(7.5, 4.2), layout="constrained")
+        ax = fig.add_subplot()
+        drawn: list[RunData] = []
+        positive = True
+        for run in ordered:
+            steps, values = run.val_success() if key is None else run.series(key)
+            if not values.size:
+                continue
+            if key is not None:
+                values = _smooth(values, smooth)
+            positive &= bool(np.all(values > 0))
+            ax.plot(steps, values, color=_color(run, colors), ls="--" if run.fixed_lag else "-", lw=1.4,
+                    alpha=0.9, marker="o" if key is None else None, ms=3, label=run.name)
+            drawn.append(run)
+        if not drawn:
+            continue
+        if slug == "grad_norm" and positive:
+            lo, hi = ax.get_ylim()
+            if hi / max(lo, 1e-12) > 50:
+                ax.set_yscale("log")
+        ax.set(xlabel="learner step", ylabel=title,
+               title=title + (f" (trailing mean over {smooth} steps)" if smooth > 1 and key else ""))
+        ax.grid(alpha=0.3)
+        _legend(ax, drawn, colors)
+        written.append(_save(fig, out / f"curves_{slug}.png"))
+    return written
+
+
+def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path | None:
+    """Final validation success and largest gradient norm against k, a marker shape per correction."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    known = [s for s in summaries if s.k_known]
+    if not known or not any(math.isfinite(s.final_val) or math.isfinite(s.grad_norm_max) for s in known):
+        return None
+    finite = sorted({s.k for s in known if s.k is not None})
+    unbounded_x = (max(finite) + 1) if finite else 0
+    groups = sorted({(s.off_policy, s.fixed_lag) for s in known})
+    palette = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink")
+    group_color = {g: palette[i % len(palette)] for i, g in enumerate(sorted({g[0] for g in groups}))}
+    offsets = {g: (i - (len(groups) - 1) / 2) * 0.06 for i, g in enumerate(groups)}
+
+    fig = Figure(figsize=(10, 4.2), layout="constrained")
+    axes = fig.subplots(1, 2)
+    panels = (("final_val", "final validation success"), ("grad_norm_max", "max gradient norm"))
+    for ax, (attr, label) in zip(axes, panels, strict=True):
+        for group in groups:
+            mode, fixed = group
+            members = [s for s in known if (s.off_policy, s.fixed_lag) == group and math.isfinite(getattr(s, attr))]
+            if not members:
+                continue
+            xs = np.array([unbounded_x if s.k is None else s.k for s in members], dtype=float)
+            ys = np.array([getattr(s, attr) for s in members])
+            color = group_color[mode]
+            ax.scatter(xs + offsets[group], ys, marker=MARKERS.get(mode, "D"), s=36, alpha=0.8,
+                       facecolors="none" if fixed else color, edgecolors=color)
+            means = sorted((x, ys[xs == x].mean()) for x in np.unique(xs))
+            ax.plot([m[0] + offsets[group] for m in means], [m[1] for m in means], color=color,
+                    ls="--" if fixed else "-", lw=1, alpha=0.7)
+        ticks = finite + ([unbounded_x] if any(s.k is None for s in known) else [])
+        ax.set_xticks(ticks, [str(k) for k in finite] + (["∞"] if len(ticks) > len(finite) else []))
+        ax.set(xlabel="max staleness k (policy versions)", ylabel=label, title=label + " vs k")
+        ax.grid(alpha=0.3)
+    handles = [Line2D([], [], color=group_color[m], marker=MARKERS.get(m, "D"), ls="--" if f else "-",
+                      markerfacecolor="none" if f else group_color[m], label=f"{m} · {'fixed lag' if f else 'bounded'}")
+               for m, f in groups]
+    axes[1].legend(handles=handles, fontsize=8, frameon=False, loc="best")
+    return _save(fig, out / "staleness_stability.png")
+
+
+# ---------------------------------------------------------------------------- the report
+@dataclass
+class Report:
+    markdown: Path
+    csv: Path
+    plots: list[Path]
+    summaries: list[RunSummary]
+    warnings: list[str]
+
+
+def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: float = 0.9,
+                 smooth: int = 1, title: str | None = None) -> Report:
+    """Read every run under ``paths`` and write ``report.md``, ``summary.csv`` and the plots into ``out``."""
+    runs, warnings = find_runs(paths)
+    if not runs:
+        raise ReportError("no runs found under " + ", ".join(map(str, paths)) +
+                          ("; " + "; ".join(warnings) if warnings else ""))
+    warnings += [f"{r.name}: {w}" for r in runs for w in r.warnings]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    summaries = [summarize(r, threshold) for r in runs]
+    with_data = [r for r in runs if r.train or r.val]
+    plots = plot_curves(with_data, out, smooth=smooth) if with_data else []
+    stability = plot_staleness_summary([s for s, r in zip(summaries, runs, strict=True) if r.train or r.val], out)
+    if stability is not None:
+        plots.append(stability)
+
+    sources = ", ".join(f"`{p}`" for p in paths)
+    lines = [f"# {title or 'ragen_async report'}", "",
+             f"{len(runs)} runs from {sources}, {time.strftime('%Y-%m-%d %H:%M')}. "
+             f"Validation threshold {threshold:g}; reward-std trend = mean of the first vs last 10% of steps; "
+             f"{MISSING} = not logged.", "", "## Overview", ""]
+    header = [h.format(t=f"{threshold:g}") for h in OVERVIEW]
+    lines += [*_table(header, (_overview_row(s) for s in summaries)), ""]
+    if plots:
+        lines += ["## Curves", ""]
+        lines += [f"![{p.stem}]({p.name})" for p in plots if p.name.startswith("curves_")]
+        if stability is not None:
+            lines += ["", "## Staleness vs stability", "", f"![staleness vs stability]({stability.name})"]
+        lines.append("")
+    lines += ["## Runs", ""]
+    for run, s in zip(runs, summaries, strict=True):
+        lines += _run_section(run, s, threshold)
+    if warnings:
+        lines += ["## Warnings", "", *[f"- {_cell(w)}" for w in warnings], ""]
+    markdown = out / "report.md"
+    markdown.write_text("\n".join(lines))
+
+    rows = _csv_rows(summaries)
+    fields = list(dict.fromkeys(k for row in rows for k in row))
+    csv_path = out / "summary.csv"
+    with csv_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    return Report(markdown, csv_path, plots, summaries, warnings)

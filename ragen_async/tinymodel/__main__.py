@@ -1,0 +1,5 @@
+import sys
+
+from ragen_async.tinymodel.cli import main
+
+sys.exit(main())

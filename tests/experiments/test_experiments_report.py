@@ -1,0 +1,144 @@
+"""Reports on synthetic runs: tables, numbers, plots, and the runs a real cluster leaves behind
+(still writing, resumed, without validation, with NaN or missing metrics)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from ragen_async.experiments.report import (
+    ReportError,
+    RunData,
+    find_runs,
+    read_metrics,
+    summarize,
+    write_report,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def sweep_like(tmp_path, make_run):
+    """Four runs: complete (k=0), complete fixed-lag with TIS (k=2), still writing (k=4), no validation."""
+    root = tmp_path / "runs"
+    make_run(root / "k0-s0", steps=20, k=0)
+    make_run(root / "k2-fixed-tis-s0", steps=20, k=2, fixed_lag=True, off_policy="tis",
+             val_curve=lambda step, total: 0.2 + 0.5 * step / total)  # never reaches 0.9
+    make_run(root / "k4-s0", steps=12, k=4, partial_last_line=True)
+    make_run(root / "novalidation", steps=8, k=1, val_every=0)
+    return root
+
+
+def test_the_report_has_a_row_and_a_section_per_run(sweep_like, tmp_path):
+    result = write_report([sweep_like], tmp_path / "out")
+    md = result.markdown.read_text()
+    for name in ("k0-s0", "k2-fixed-tis-s0", "k4-s0", "novalidation"):
+        assert f"| {name} |" in md and f"### {name}" in md
+    overview = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]]
+                for line in md.split("## Curves")[0].splitlines() if line.startswith("| ") and "---" not in line}
+    header = overview.pop("run")
+    row = dict(zip(header, overview["k0-s0"], strict=True))
+    assert row["k"] == "0" and row["lag"] == "bounded" and row["steps"] == "20/20" and row["status"] == "complete"
+    assert row["val ≥ 0.9 at"] == "15"  # 0.3 + step/20 first reaches 0.9 at the step-15 validation
+    assert row["final val"] == "1.000"
+    fixed = dict(zip(header, overview["k2-fixed-tis-s0"], strict=True))
+    assert (fixed["lag"], fixed["correction"], fixed["val ≥ 0.9 at"]) == ("fixed", "tis", "—")
+    assert fixed["staleness mean / max"] == "1.00 / 2"
+    partial = dict(zip(header, overview["k4-s0"], strict=True))
+    assert partial["steps"] == "12/12"  # the half-written 13th step is not counted
+    novalid = dict(zip(header, overview["novalidation"], strict=True))
+    assert novalid["final val"] == "—" and novalid["best val"] == "—"
+    assert "No validation records." in md.split("### novalidation")[1]
+    assert any("partial last line" in w and w.startswith("k4-s0") for w in result.warnings)
+    assert "## Warnings" in md and "partial last line" in md
+
+
+def test_per_run_tables_hold_the_collapse_indicators(sweep_like, tmp_path):
+    md = write_report([sweep_like / "k0-s0"], tmp_path / "out").markdown.read_text()
+    section = md.split("### k0-s0")[1]
+    assert "| Bandit | 1.000 | 1.000 | 15 |" in section
+    assert "| max grad norm | 2.5 (step 10) |" in section
+    assert "| min entropy | 0.5 (step 20) |" in section
+    assert "| in-group reward std, first → last 10% of steps | 0.470 → 0.110 (-77%) |" in section
+    assert "| behaviour/learner k3 mismatch, mean | 1.00e-04 |" in section
+    assert "| mean step time (s) | 2.00 |" in section
+
+
+def test_plots_are_written_and_not_empty(sweep_like, tmp_path):
+    result = write_report([sweep_like], tmp_path / "out", smooth=3)
+    names = sorted(p.name for p in result.plots)
+    assert names == sorted(["curves_val_success.png", "curves_rollout_reward.png", "curves_in_group_reward_std.png",
+                            "curves_entropy.png", "curves_grad_norm.png", "curves_staleness_mean.png",
+                            "staleness_stability.png"])
+    for path in result.plots:
+        data = path.read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 5_000
+    md = result.markdown.read_text()
+    assert "![curves_entropy](curves_entropy.png)" in md and "(staleness_stability.png)" in md
+    assert (tmp_path / "out" / "summary.csv").read_text().startswith("run,k,fixed_lag")
+
+
+def test_many_runs_get_a_legend_by_k(tmp_path, make_run):
+    for k in (0, 1, 2, 4, None):
+        for seed in range(3):
+            make_run(tmp_path / "runs" / f"k{k}-s{seed}", steps=6, k=k, seed=seed)
+    result = write_report([tmp_path / "runs"], tmp_path / "out")
+    assert len(result.summaries) == 15
+    assert "| k0-s0 | 0 |" in result.markdown.read_text()
+    assert "| kNone-s0 | ∞ |" in result.markdown.read_text()
+
+
+def test_a_truncated_last_line_is_skipped_with_a_warning(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"learner/step": 1, "actor/entropy": 1.0}\n{"learner/step": 2, "actor/ent')
+    records, warnings = read_metrics(path)
+    assert records == [{"learner/step": 1, "actor/entropy": 1.0}]
+    assert warnings == ["skipped a partial last line of metrics.jsonl (run still writing?)"]
+    path.write_text('{"learner/step": 1}\ngarbage\n{"learner/step": 2}\n')
+    records, warnings = read_metrics(path)
+    assert len(records) == 2 and warnings == ["skipped unreadable line 2 of metrics.jsonl"]
+
+
+def test_nan_null_missing_keys_and_replayed_steps(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lines = [
+        {"learner/step": 1, "actor/grad_norm": 1.0, "actor/entropy": None},
+        {"learner/step": 2, "actor/grad_norm": float("nan"), "actor/entropy": 0.7},
+        {"learner/step": 3, "actor/grad_norm": 9.0},  # crashed after this; resumed from step 2
+        {"learner/step": 3, "actor/grad_norm": 2.0, "actor/entropy": 0.6},
+        {"learner/step": 4, "actor/grad_norm": "oops"},
+    ]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    run = RunData.load(run_dir)
+    s = summarize(run)
+    assert [r["learner/step"] for r in run.train] == [1, 2, 3, 4]
+    assert (s.grad_norm_max, s.grad_norm_max_step) == (2.0, 3)
+    assert (s.entropy_min, s.entropy_min_step) == (0.6, 3)
+    assert math.isnan(s.staleness_mean) and math.isnan(s.final_val) and s.reached_at is None
+    assert not s.k_known and s.status == "partial"
+    md = write_report([run_dir], tmp_path / "out").markdown.read_text()
+    assert "| run | ? | bounded |" in md and "settings unknown" in md
+
+
+def test_a_sweep_directory_reads_names_and_statuses_from_its_manifest(tmp_path, make_run):
+    sweep = tmp_path / "sweep"
+    make_run(sweep / "runs" / "k1-s0" / "t-k1-s0-2026", steps=6, k=1)
+    manifest = {"name": "t", "runs": {
+        "k1-s0": {"status": "done", "run_dir": "runs/k1-s0/t-k1-s0-2026"},
+        "k2-s0": {"status": "pending", "run_dir": None},
+    }}
+    (sweep / "sweep.json").write_text(json.dumps(manifest))
+    runs, warnings = find_runs([sweep])
+    assert [(r.name, r.status) for r in runs] == [("k1-s0", "done"), ("k2-s0", "pending")]
+    md = write_report([sweep], tmp_path / "out").markdown.read_text()
+    assert "| k1-s0 | 1 | bounded | none | 0 | done |" in md
+    assert "| k2-s0 |" in md and "no run directory yet" in md
+
+
+def test_nothing_to_report_is_an_error(tmp_path):
+    with pytest.raises(ReportError, match="no runs found"):
+        write_report([tmp_path], tmp_path / "out")

@@ -1,0 +1,38 @@
+"""Fixtures for the tiny-model builder tests: one built model per session.
+
+``artifacts/tiny-model`` is reused when it holds a complete build (it is only read); otherwise a quick
+build (few SFT steps, few episodes) goes into a temporary directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ragen_async.tinymodel.build import TinyModelConfig, build_tiny_model, is_complete_build
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACT = REPO / "artifacts" / "tiny-model"
+
+QUICK = dict(tokenizer_episodes_per_tag=40, sft_steps=12, sft_episodes_per_tag=12, sft_batch_size=4)
+"""A quick build with the default architecture (what the session fixture builds when no artifact exists)."""
+
+SMALL = TinyModelConfig(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=1,
+                        intermediate_size=128, vocab_size=600, tokenizer_episodes_per_tag=20, sft_steps=3,
+                        sft_episodes_per_tag=4, sft_batch_size=2, sft_warmup_steps=1)
+"""A very small build config for determinism and cache tests."""
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    if is_complete_build(ARTIFACT):
+        return ARTIFACT
+    return build_tiny_model(tmp_path_factory.mktemp("tinymodel") / "tiny-model", seed=0, **QUICK)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model_dir))

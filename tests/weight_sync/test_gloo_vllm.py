@@ -1,0 +1,110 @@
+"""Gloo broadcast into a real vLLM engine (its worker extension receives)."""
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from ragen_async.weight_sync import GlooBroadcastPublisher, WeightSyncError
+from ragen_async.weight_sync.gloo import broadcast_to_engines, connect_engines
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "inference"))
+from vllm_harness import get_harness  # noqa: E402  (shared session engine)
+
+pytestmark = pytest.mark.vllm
+SEQ = [5, 17, 99, 300, 42, 7, 1, 2, 3, 400, 401, 77]
+ATOL = 1e-4  # float32 both sides; see tests/inference/test_vllm_engine.py
+
+
+def forward_logprobs(model, ids):
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].double()
+    lp = torch.log_softmax(logits, dim=-1)
+    return [0.0] + lp.gather(-1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+
+
+@pytest.fixture(scope="module")
+def models(random_tiny_qwen2):
+    base = AutoModelForCausalLM.from_pretrained(random_tiny_qwen2, dtype=torch.float32).eval()
+    new = AutoModelForCausalLM.from_pretrained(random_tiny_qwen2, dtype=torch.float32).eval()
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.normal_(0.0, 0.2)
+    return base, new
+
+
+@pytest.fixture(scope="module")
+def h(random_tiny_qwen2, models, request):
+    harness = get_harness(random_tiny_qwen2, request)
+    harness.restore(models[0].state_dict(), version=0)
+    yield harness
+    harness.run(harness.engine.close_weight_group())
+
+
+def test_broadcast_sync_then_logprobs_match(h, models):
+    base, new = models
+    eng = h.engine
+    pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=30,
+                                 bucket_bytes=64 * 1024)  # several buffers per dtype
+    h.run(connect_engines(pub, [eng]))
+    v = eng.policy_version + 1
+    h.run(broadcast_to_engines(pub, [eng], new.state_dict().items(), v))
+    assert eng.policy_version == v and pub.last_publish_s is not None
+    assert h.run(eng.prompt_logprobs(SEQ)) == pytest.approx(forward_logprobs(new, SEQ), abs=ATOL)
+    # a second version over the same group
+    h.run(broadcast_to_engines(pub, [eng], base.state_dict().items(), v + 1))
+    assert eng.policy_version == v + 1
+    assert h.run(eng.prompt_logprobs(SEQ)) == pytest.approx(forward_logprobs(base, SEQ), abs=ATOL)
+    pub.close()
+
+
+def test_engine_waiting_on_a_silent_publisher_errors_within_the_timeout(h, models):
+    base, new = models
+    eng = h.engine
+    pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=5)
+    h.run(connect_engines(pub, [eng]))
+    version_before = eng.policy_version
+    manifest = pub.manifest(new.state_dict().items())
+    t0 = time.monotonic()
+    with pytest.raises(WeightSyncError) as info:
+        h.run(eng.receive_broadcast(manifest, version_before + 1))  # publisher never publishes
+    elapsed = time.monotonic() - t0
+    assert 4 < elapsed < 15, elapsed
+    msg = str(info.value)
+    assert f"tcp://127.0.0.1:{pub.master_port}" in msg and "timed out after 5 s" in msg
+    assert eng.policy_version == version_before
+    pub.close()
+    # the engine survives: it still generates, and a fresh group syncs fine
+    assert h.run(eng.prompt_logprobs(SEQ)) == pytest.approx(forward_logprobs(base, SEQ), abs=ATOL)
+    pub2 = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=30)
+    h.run(connect_engines(pub2, [eng]))
+    h.run(broadcast_to_engines(pub2, [eng], new.state_dict().items(), version_before + 1))
+    assert h.run(eng.prompt_logprobs(SEQ)) == pytest.approx(forward_logprobs(new, SEQ), abs=ATOL)
+    pub2.close()
+
+
+def test_engine_joining_a_group_whose_publisher_is_gone_errors(h):
+    eng = h.engine
+    pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=3)
+    port = pub.master_port
+    pub.close()  # store gone before anyone joins
+    t0 = time.monotonic()
+    with pytest.raises(WeightSyncError, match=f"tcp://127.0.0.1:{port}"):
+        h.run(eng.init_weight_group("127.0.0.1", port, 2, 1, 3.0))
+    assert time.monotonic() - t0 < 20
+
+
+def test_publisher_whose_receiver_never_receives_errors(h, models):
+    eng = h.engine
+    pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=3)
+    h.run(connect_engines(pub, [eng]))  # joined, but the engine is never told to receive
+    t0 = time.monotonic()
+    with pytest.raises(WeightSyncError, match="weight broadcast from learner rank 0"):
+        pub.publish([("w", torch.zeros(8 * 1024 * 1024))], version=99)
+    assert time.monotonic() - t0 < 15
+    pub.close()
+    h.run(eng.close_weight_group())
