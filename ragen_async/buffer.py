@@ -166,6 +166,8 @@ class TrajectoryBuffer:
                 "get no data; raise groups_per_step, group_size or filter_ratio"
             )
 
+        self.last_groups: list[TrajectoryGroup] = []
+        """The groups (before filtering) the last batch was assembled from, for rollout statistics."""
         self._waiting: dict[int, TrajectoryGroup] = {}
         self._arrived_at: dict[int, float] = {}
         self._learner_version = 0
@@ -350,4 +352,5 @@ class TrajectoryBuffer:
             }
         )
         metrics.update(self._stats.summary())
+        self.last_groups = groups
         return shards, metrics

@@ -216,6 +216,9 @@ class RunConfig(_Strict):
                 f"{self.rollout.groups_per_step} per step; raise the ratio or the groups")
         if max(kept, 1) * self.rollout.group_size < self.learner.num_ranks:
             raise ValueError("fewer trajectories per step than learner ranks")
+        if self.runtime == "local" and (self.staleness.max_staleness != 0 or self.staleness.fixed_lag):
+            raise ValueError("runtime: local is the synchronous loop (staleness 0); set runtime: ray to train "
+                             "with staleness.max_staleness > 0 or fixed_lag")
         if self.agent.max_tokens_per_turn + 64 > self.inference.max_model_len:
             raise ValueError("agent.max_tokens_per_turn must leave room for a prompt inside inference.max_model_len")
         return self

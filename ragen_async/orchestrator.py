@@ -26,10 +26,11 @@ import numpy as np
 from ragen_async.agent.chat import ChatFormat
 from ragen_async.buffer import TrajectoryBuffer
 from ragen_async.config import RunConfig, load_config
+from ragen_async.inference.base import InferenceEngine
 from ragen_async.learner.learner import Learner
 from ragen_async.metrics import ConsoleSink, JsonlSink, MetricsSink, MultiSink, WandbSink, resolve_wandb_mode
 from ragen_async.rollout.engines import make_engine
-from ragen_async.rollout.worker import RolloutWorker, group_statistics, summarize_trajectories, validate_engine
+from ragen_async.rollout.worker import RolloutWorker, rollout_metrics, validate_engine
 from ragen_async.rundir import RunDir, checkpoint_path, save_checkpoint_marker
 
 log = logging.getLogger(__name__)
@@ -60,11 +61,11 @@ def save_checkpoint(run_dir: RunDir, learner: Learner, step: int) -> Path:
 class LocalTrainer:
     """The synchronous single-process reference loop (staleness 0)."""
 
-    def __init__(self, cfg: RunConfig, run_dir: RunDir, sink: MetricsSink):
+    def __init__(self, cfg: RunConfig, run_dir: RunDir, sink: MetricsSink, engine: InferenceEngine | None = None):
         self.cfg, self.run_dir, self.sink = cfg, run_dir, sink
         self.chat = ChatFormat.from_pretrained(cfg.model.path, enable_think=cfg.agent.enable_think)
         self.learner = Learner(cfg)
-        self.engine = make_engine(cfg, seed=cfg.seed)
+        self.engine = engine if engine is not None else make_engine(cfg, seed=cfg.seed)
         self.worker = RolloutWorker(cfg, self.engine, self.chat)
         self.buffer = TrajectoryBuffer(
             groups_per_step=cfg.rollout.groups_per_step, max_staleness=0, filter_mode=cfg.algo.filter_mode,
@@ -107,9 +108,8 @@ class LocalTrainer:
 
             record: dict[str, Any] = {"learner/step": step + 1, "policy_version": self.learner.policy_version}
             trajs = [t for g in groups for t in g.trajectories]
-            record.update(summarize_trajectories(trajs, "rollout"))
-            record.update(group_statistics(groups))
             record.update(batch_metrics)
+            record.update(rollout_metrics(self.buffer.last_groups))
             record.update(learner_metrics)
             step_s = time.perf_counter() - t_step
             record.update({

@@ -65,24 +65,27 @@ class RayTrainer:
         self.start_step = 0
         self.version = 0
         self._init_ray()
-        self._build()
+        try:
+            self._build()
+        except BaseException:
+            self.close()  # half-built actors and the Ray we started must not outlive the error
+            raise
 
     # ------------------------------------------------------------------ construction
     def _init_ray(self) -> None:
         if ray.is_initialized():
             return
         cfg = self.cfg
-        env_vars = {"RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
-                    "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false",
-                    "VLLM_CPU_KVCACHE_SPACE": f"{cfg.inference.kv_cache_gib:g}"}
         needed = cfg.rollout.num_workers * cfg.rollout.cpus_per_worker + cfg.learner.num_ranks * cfg.learner.cpus_per_rank
-        kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env_vars}, "log_to_driver": True}
+        kwargs: dict[str, Any] = {"log_to_driver": True}
         if not os.environ.get("RAY_ADDRESS"):
             # A local Ray: advertise enough logical CPUs for the configured actors (they share the cores;
-            # logical CPUs are only admission control) and keep the object store small.
+            # logical CPUs are only admission control) and keep the object store small. Inside a Ray job
+            # (RAY_ADDRESS set) the job's own runtime env applies; adding env vars here would clash with it.
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             kwargs.update(num_cpus=max(int(np.ceil(needed)), os.cpu_count() or 1), include_dashboard=False,
-                          object_store_memory=200 * 2**20)
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+                          object_store_memory=200 * 2**20,
+                          runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled"}})
         ray.init(**kwargs)
         self._started_ray = True
 
@@ -220,7 +223,7 @@ class RayTrainer:
             stats = await asyncio.gather(*[r.stats.remote() for r in self.rollouts])
             step_s = time.perf_counter() - t_step
             record: dict[str, Any] = {"learner/step": step + 1, "policy_version": self.version}
-            record.update(self._rollout_metrics(batch_metrics, consumed))
+            record.update(self._rollout_metrics(batch_metrics))
             record.update(learner_metrics)
             record.update(sync)
             record.update(self._idle_metrics(prev_stats, stats, train_s, step_s))
@@ -239,12 +242,8 @@ class RayTrainer:
         await self.save(cfg.total_steps)
         return last_val
 
-    def _rollout_metrics(self, batch_metrics: dict[str, float], consumed) -> dict[str, float]:
-        out = dict(batch_metrics)
-        # Success/reward of the *consumed* batch are those of the kept groups; the buffer reports the
-        # pre-filter statistics under filter/*; success over everything played is summarised here too.
-        out.update(summarize_trajectories(consumed, "rollout"))
-        return out
+    def _rollout_metrics(self, batch_metrics: dict[str, float]) -> dict[str, float]:
+        return {**batch_metrics, **rollout_metrics(self.buffer.last_groups)}
 
     def _idle_metrics(self, prev, cur, train_s: float, step_s: float) -> dict[str, float]:
         busy = [c["busy_s"] - p["busy_s"] for p, c in zip(prev, cur, strict=True)]

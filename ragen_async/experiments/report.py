@@ -137,7 +137,7 @@ class RunData:
     def k(self) -> int | None:
         """``max_staleness`` (``None`` = unbounded); see :attr:`has_config` for "unknown"."""
         value = _lookup(self.config, "staleness.max_staleness", 0)
-        return None if value is None else int(value)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     @property
     def fixed_lag(self) -> bool:
@@ -190,39 +190,50 @@ class RunData:
 
 # ---------------------------------------------------------------------------- finding runs
 def find_runs(paths: Sequence[str | Path]) -> tuple[list[RunData], list[str]]:
-    """Runs under ``paths`` (run dirs, sweep dirs, or folders holding them) and warnings."""
+    """Runs under ``paths`` (run dirs, sweep dirs, or folders holding either) and warnings.
+
+    A sweep's runs are named as in its manifest and keep its status; other runs are named after
+    their directory. Names that clash get their sweep (or parent folder) in front.
+    """
     runs: list[RunData] = []
     warnings: list[str] = []
     seen: set[Path] = set()
+    origin: dict[int, str] = {}  # id(run) -> sweep or parent folder, to tell clashing names apart
 
-    def add(path: Path, name: str | None = None, status: str | None = None) -> None:
+    def add(path: Path, name: str | None = None, status: str | None = None, group: str | None = None) -> None:
         key = path.resolve()
         if key not in seen:
             seen.add(key)
             runs.append(RunData.load(path, name=name, status=status))
+            origin[id(runs[-1])] = group or path.parent.name
+
+    def add_sweep(directory: Path) -> None:
+        for name, record in _manifest_runs(directory / "sweep.json", warnings):
+            if record.get("run_dir"):
+                add(directory / record["run_dir"], name=name, status=record.get("status"), group=directory.name)
+            else:
+                runs.append(RunData(name=name, path=None, status=record.get("status", "pending")))
+                origin[id(runs[-1])] = directory.name
 
     for given in map(Path, paths):
         if (given / "sweep.json").is_file():
-            for name, record in _manifest_runs(given / "sweep.json", warnings):
-                run_dir = record.get("run_dir")
-                if run_dir:
-                    add(given / run_dir, name=name, status=record.get("status"))
-                else:
-                    runs.append(RunData(name=name, path=None, status=record.get("status", "pending")))
+            add_sweep(given)
         elif (given / "metrics.jsonl").is_file() or (given / "config.yaml").is_file():
             add(given)
         elif given.is_dir():
-            found = sorted({p.parent for p in given.rglob("metrics.jsonl")})
-            if not found:
-                warnings.append(f"{given}: no run directories (metrics.jsonl) under it")
-            for path in found:
+            before = len(runs)
+            for manifest in sorted(given.rglob("sweep.json")):
+                add_sweep(manifest.parent)
+            for path in sorted({p.parent for p in given.rglob("metrics.jsonl")}):
                 add(path)
+            if len(runs) == before:
+                warnings.append(f"{given}: no run directories (metrics.jsonl) under it")
         else:
             warnings.append(f"{given}: not a directory")
     names = [r.name for r in runs]
-    for r in runs:  # runs from different folders may share a directory name
-        if names.count(r.name) > 1 and r.path is not None:
-            r.name = f"{r.path.parent.name}/{r.name}"
+    for r in runs:
+        if names.count(r.name) > 1:
+            r.name = f"{origin[id(r)]}/{r.name}"
     return runs, warnings
 
 

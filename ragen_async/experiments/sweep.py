@@ -48,6 +48,7 @@ from typing import Any
 
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ragen_async.config import ConfigError, RunConfig, dump_config, load_config
@@ -56,7 +57,7 @@ TrainFn = Callable[..., tuple[Path, dict[str, float]]]
 """``train(cfg, resume=None) -> (run_dir, last_val_metrics)``, as ``orchestrator.train``."""
 
 MANIFEST = "sweep.json"
-STATUSES = ("pending", "running", "done", "failed", "interrupted")
+STATUSES = ("done", "failed", "interrupted", "running", "pending")
 
 
 class SweepError(ValueError):
@@ -342,6 +343,18 @@ def _orchestrator_train(cfg: RunConfig | None, *, resume: Path | None = None) ->
     return orchestrator.train(cfg, resume=resume)
 
 
+def _disconnect_ray() -> None:
+    """After a failed run: leave no Ray session (and its actors' resources) to the next run."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    try:
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()
+    except Exception:  # noqa: BLE001 - best effort; the next run's ray.init reports a real problem
+        pass
+
+
 def _val_success(metrics: Mapping[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items()
             if k.startswith("val/") and k.endswith("/success") and k.count("/") == 2 and isinstance(v, int | float)}
@@ -460,8 +473,9 @@ class Sweep:
             errors = self.directory / "errors"
             errors.mkdir(exist_ok=True)
             (errors / f"{record.name}.txt").write_text(traceback.format_exc())
-            console.print(f"[bold red]failed[/] {record.name}: {record.error} "
-                          f"(traceback in {errors / (record.name + '.txt')}); going on")
+            console.print(f"[bold red]failed[/] {record.name}: {escape(record.error)} "
+                          f"(traceback in {errors / (record.name + '.txt')}); continuing with the next run")
+            _disconnect_ray()
         else:
             record.status = "done"
             record.run_dir = self._relative(Path(path))
@@ -489,8 +503,8 @@ class Sweep:
         for i, r in enumerate(self.manifest.runs.values(), 1):
             val = " ".join(f"{v:.2f}" for v in r.val.values()) or "—"
             where = r.error if r.status == "failed" else (r.run_dir or "—")
-            table.add_row(str(i), r.name, f"[{style.get(r.status, '')}]{r.status}[/]", val,
-                          _duration(r.duration_s), where)
+            table.add_row(str(i), r.name, f"[{style[r.status]}]{r.status}[/]" if r.status in style else r.status,
+                          val, _duration(r.duration_s), escape(where or "—"))
         console.print(table)
         counts = {s: n for s, n in self.manifest.counts().items() if n}
         console.print(", ".join(f"{n} {s}" for s, n in counts.items()))

@@ -47,7 +47,7 @@ from ragen_async.inference.base import (
     SamplingConfig,
     model_eos_token_ids,
 )
-from ragen_async.weight_sync.base import Manifest, WeightSyncError, dtype_name
+from ragen_async.weight_sync.base import Manifest, WeightSyncError, WeightSyncTimeout, dtype_name
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,8 @@ class VLLMEngine(InferenceEngine):
             ``"bfloat16"``/``"float16"``/``"auto"``.
         max_model_len: context window (prompt + reply).
         seed: engine seed (requests without their own seed draw from it).
-        kv_cache_space_gib: CPU only: KV cache size in GiB, exported as ``VLLM_CPU_KVCACHE_SPACE``
-            if that variable is unset (an existing value wins).
+        kv_cache_space_gib: CPU only: KV cache size in GiB (``kv_cache_memory_bytes``); a set
+            ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB) overrides it.
         gpu_memory_utilization: GPU only: fraction of the GPU vLLM may take.
         max_num_seqs: cap on concurrently running sequences (vLLM default when None).
         enable_prefix_caching: vLLM prefix cache (multi-turn prompts share prefixes).
@@ -86,7 +86,7 @@ class VLLMEngine(InferenceEngine):
     """
 
     def __init__(self, model_path: str, *, dtype: str = "float32", max_model_len: int = 2048,
-                 seed: int = 0, kv_cache_space_gib: int = 1,
+                 seed: int = 0, kv_cache_space_gib: float = 1.0,
                  gpu_memory_utilization: float = 0.9, max_num_seqs: int | None = None,
                  enable_prefix_caching: bool = True,
                  kv_on_update: Literal["recompute", "keep"] = "recompute",
@@ -100,12 +100,11 @@ class VLLMEngine(InferenceEngine):
             raise FileNotFoundError(f"model path {model_path!r} has no config.json")
         if kv_on_update not in ("recompute", "keep"):
             raise ValueError(f"kv_on_update must be 'recompute' or 'keep' (got {kv_on_update!r})")
-        if int(kv_cache_space_gib) != kv_cache_space_gib or kv_cache_space_gib < 1:
-            raise ValueError(f"kv_cache_space_gib must be a whole number >= 1 (vLLM parses "
-                             f"VLLM_CPU_KVCACHE_SPACE as int); got {kv_cache_space_gib}")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_space_gib)))
+        if not kv_cache_space_gib > 0:
+            raise ValueError(f"kv_cache_space_gib must be > 0 (got {kv_cache_space_gib})")
 
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args: dict[str, Any] = dict(
@@ -117,6 +116,10 @@ class VLLMEngine(InferenceEngine):
             gpu_memory_utilization=gpu_memory_utilization, disable_log_stats=True)
         if max_num_seqs is not None:
             args["max_num_seqs"] = max_num_seqs
+        if current_platform.is_cpu():
+            # Same effect as VLLM_CPU_KVCACHE_SPACE (which, when set, still wins: vLLM's CPU platform
+            # applies it), without a process-global env var and with fractional GiB.
+            args["kv_cache_memory_bytes"] = int(kv_cache_space_gib * (1 << 30))
         if weight_transfer_backend is not None:
             from vllm.config import WeightTransferConfig
 
@@ -161,10 +164,13 @@ class VLLMEngine(InferenceEngine):
         return self._update_lock
 
     async def _collective_rpc(self, method: str, *args: Any, what: str) -> list[Any]:
+        """Call the worker extension; its errors come back as a generic exception whose message
+        carries the worker's (which names the weight group and peer): re-raise as ours."""
         try:
             return await self._llm.collective_rpc(method, args=args)
         except Exception as err:  # noqa: BLE001 - re-raised with context
-            raise WeightSyncError(f"{what}: {err}") from err
+            cls = WeightSyncTimeout if "timed out" in str(err) else WeightSyncError
+            raise cls(f"engine {self.model_path}: {what}: {err}") from err
 
     # ---- generation -------------------------------------------------------------------------
     def _sampling_params(self, s: SamplingConfig) -> Any:
@@ -197,12 +203,13 @@ class VLLMEngine(InferenceEngine):
         submitted_version = self._version
         out = (await self._run(prompt_ids, self._sampling_params(sampling), "gen")).outputs[0]
         ids = [int(t) for t in out.token_ids]
-        logprobs = [float(pos[tok].logprob) for tok, pos in zip(ids, out.logprobs or [])]
-        if len(logprobs) != len(ids):
-            raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for {len(ids)} tokens")
+        if len(out.logprobs or []) != len(ids):
+            raise RuntimeError(f"vLLM returned {len(out.logprobs or [])} log-probs for {len(ids)} tokens")
+        logprobs = [float(pos[tok].logprob) for tok, pos in zip(ids, out.logprobs, strict=True)]
         versions = None
-        if out.weight_versions is not None:
-            versions = [0] * len(ids)
+        if out.weight_versions is not None and all(str(sp.version).lstrip("-").isdigit()
+                                                   for sp in out.weight_versions):
+            versions = [submitted_version] * len(ids)
             for span in out.weight_versions:
                 versions[span.start: span.end] = [int(span.version)] * (span.end - span.start)
         finish = _FINISH.get(out.finish_reason or "")
@@ -233,7 +240,7 @@ class VLLMEngine(InferenceEngine):
                                 detokenize=False)
         out = await self._run(token_ids, params, "plp")
         result = [0.0]
-        for tok, pos in zip(token_ids[1:], out.prompt_logprobs[1:]):
+        for tok, pos in zip(token_ids[1:], out.prompt_logprobs[1:], strict=True):
             if not full:
                 result.append(float(pos[tok].logprob))
                 continue

@@ -143,10 +143,14 @@ def summarize_trajectories(trajectories: Sequence[Trajectory], prefix: str) -> d
     return out
 
 
-def group_statistics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+    """Statistics of the groups a batch was built from, *before* the StarPO-S filter (RAGEN logs
+    env metrics before filtering): success, reward, validity, length, in-group reward std."""
     stds = [float(np.std(g.scores, ddof=1)) if len(g.scores) > 1 else 0.0 for g in groups]
-    return {"rollout/in_group_reward_std": float(np.mean(stds)) if stds else 0.0,
-            "rollout/groups": float(len(groups))}
+    out = summarize_trajectories([t for g in groups for t in g.trajectories], "rollout")
+    out["rollout/in_group_reward_std"] = float(np.mean(stds)) if stds else 0.0
+    out["rollout/groups"] = float(len(groups))
+    return out
 
 
 async def evaluate(policy: ReplyPolicy, chat: ChatFormat, envs: Sequence[EnvGroupSpec], seed: int,

@@ -78,7 +78,7 @@ class FakeTrain:
             run_dir = Path(cfg.run_root) / f"{cfg.name}-fake"
             run_dir.mkdir(parents=True)
             (run_dir / "config.yaml").write_text(dump_config(cfg))
-        short = cfg.name.split("-", 1)[1]  # "<sweep>-<run>" -> "<run>"
+        short = run_dir.parent.name  # the sweep gives each run its own run_root: SWEEP_DIR/runs/<run name>
         self.calls.append((short, "resume" if resume is not None else "new"))
         with (run_dir / "metrics.jsonl").open("a") as f:
             for step in range(1, self.steps + 1):

@@ -142,3 +142,14 @@ def test_a_sweep_directory_reads_names_and_statuses_from_its_manifest(tmp_path, 
 def test_nothing_to_report_is_an_error(tmp_path):
     with pytest.raises(ReportError, match="no runs found"):
         write_report([tmp_path], tmp_path / "out")
+
+
+def test_a_folder_of_sweeps_keeps_manifest_names_and_tells_clashes_apart(tmp_path, make_run):
+    for sweep in ("sweep-a", "sweep-b"):
+        make_run(tmp_path / sweep / "runs" / "k1-s0" / "x-2026", steps=4, k=1)
+        (tmp_path / sweep / "sweep.json").write_text(json.dumps(
+            {"runs": {"k1-s0": {"status": "done", "run_dir": "runs/k1-s0/x-2026"}}}))
+    make_run(tmp_path / "loose-run", steps=4, k=2)
+    runs, _ = find_runs([tmp_path])
+    assert sorted(r.name for r in runs) == ["loose-run", "sweep-a/k1-s0", "sweep-b/k1-s0"]
+    assert {r.status for r in runs if "k1" in r.name} == {"done"}

@@ -63,7 +63,7 @@ def test_greedy_and_truncated_sampling(engine, reference):
             ids.append(int(reference(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
     assert g.token_ids == ids[len(PROMPT):]
     g = run(engine.generate(PROMPT, SamplingConfig(top_k=3, top_p=0.8, max_tokens=8, seed=0)))
-    for tok, lp, ctx_len in zip(g.token_ids, g.logprobs, range(len(PROMPT), len(PROMPT) + 8)):
+    for tok, lp, ctx_len in zip(g.token_ids, g.logprobs, range(len(PROMPT), len(PROMPT) + 8), strict=True):
         ctx = (PROMPT + g.token_ids)[:ctx_len]
         with torch.no_grad():
             logits = reference(input_ids=torch.tensor([ctx])).logits[0, -1]

@@ -11,9 +11,9 @@ import asyncio
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
+from vllm_harness import get_harness
 
 from ragen_async.inference import HFEngine, SamplingConfig
-from vllm_harness import get_harness
 
 ATOL = 1e-4
 PROMPT = [5, 17, 99, 300, 42, 7]
@@ -111,11 +111,11 @@ def test_concurrent_generations_equal_sequential_ones(h):
     prompts = [PROMPT[: 2 + i % 5] + [i] for i in range(8)]
 
     async def concurrent():
-        return await asyncio.gather(*(h.engine.generate(p, c) for p, c in zip(prompts, configs)))
+        return await asyncio.gather(*(h.engine.generate(p, c) for p, c in zip(prompts, configs, strict=True)))
 
     together = h.run(concurrent())
-    alone = [h.run(h.engine.generate(p, c)) for p, c in zip(prompts, configs)]
-    for c, a, b in zip(configs, together, alone):
+    alone = [h.run(h.engine.generate(p, c)) for p, c in zip(prompts, configs, strict=True)]
+    for c, a, b in zip(configs, together, alone, strict=True):
         assert len(a.token_ids) == c.max_tokens
         # Per-request seeds make sampling independent of the batch; batched CPU kernels only
         # perturb logits at the 1e-6 level, which does not flip samples of this model.
@@ -138,7 +138,7 @@ def test_load_state_dict_with_new_weights_and_inflight_update(h, reference, rand
     assert h.engine.policy_version == v0 + 1
     after = h.run(h.engine.prompt_logprobs(seq))
     assert after == pytest.approx(forward_logprobs(new_model, seq), abs=ATOL)
-    assert max(abs(a - b) for a, b in zip(before, after)) > 0.1
+    assert max(abs(a - b) for a, b in zip(before, after, strict=True)) > 0.1
 
     # In-flight: pause with requests running, load, resume; they finish on the new weights.
     async def inflight():

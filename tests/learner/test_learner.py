@@ -1,0 +1,133 @@
+"""The learner on the tiny model: a step, its bookkeeping, checkpoint round trip, data parallelism."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+import torch
+
+from ragen_async.agent.chat import ChatFormat
+from ragen_async.agent.episode import AgentLimits, ScriptedPolicy, play_group
+from ragen_async.buffer import TrajectoryBuffer
+from ragen_async.config import load_config
+from ragen_async.envs.registry import make_env_from_tag
+from ragen_async.learner.learner import Learner
+from ragen_async.staleness import format_group_id
+
+
+def make_cfg(model_path, *overrides):
+    return load_config(None, [f"model.path={model_path}", "rollout.group_size=4", "learner.mini_batch_size=8",
+                              "learner.micro_batch_size=3", "learner.actor_lr=1e-3", "learner.critic_lr=1e-3",
+                              "rollout.envs=[{tag: SimpleSokoban, n_groups: 4}]", *overrides])
+
+
+def make_shard(model_path, cfg, num_ranks=1):
+    """A real batch: random-policy Sokoban groups through the real agent and buffer code."""
+    chat = ChatFormat.from_pretrained(model_path)
+    policy = ScriptedPolicy(chat, "random", actions_per_turn=2, seed=0)
+    limits = AgentLimits(max_turns=3, max_actions_per_turn=2, max_tokens_per_turn=64, context_budget_tokens=2048)
+
+    async def groups():
+        return await asyncio.gather(*[
+            play_group(policy, chat, lambda: make_env_from_tag("SimpleSokoban"), "SimpleSokoban", 100 + i, 4, limits,
+                       group_id=format_group_id(i)) for i in range(4)])
+
+    buffer = TrajectoryBuffer(4, max_staleness=0, filter_mode="none", filter_ratio=1.0, num_ranks=num_ranks)
+    for g in asyncio.run(groups()):
+        buffer.add(g, 0, 0.0)
+    shards, _ = buffer.next_batch(0, 0, 0.0)
+    return shards
+
+
+def test_train_step_advances_version_and_reports_metrics(tiny_model_path):
+    cfg = make_cfg(tiny_model_path)
+    learner = Learner(cfg)
+    before = [p.detach().clone() for p in learner.actor.parameters()]
+    metrics = learner.train_step(make_shard(tiny_model_path, cfg)[0])
+    # 16 trajectories, mini-batch 8 -> two optimizer steps -> version 2
+    assert learner.policy_version == 2
+    for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl",
+                "critic/vf_loss", "critic/vf_explained_var", "mismatch/k3_kl"):
+        assert key in metrics and math.isfinite(metrics[key]), key
+    assert any(not torch.equal(a, b) for a, b in zip(before, learner.actor.parameters(), strict=True))
+
+
+def test_grpo_needs_no_critic(tiny_model_path):
+    cfg = make_cfg(tiny_model_path, "algo.adv_estimator=grpo")
+    learner = Learner(cfg)
+    assert learner.critic is None
+    metrics = learner.train_step(make_shard(tiny_model_path, cfg)[0])
+    assert "critic/vf_loss" not in metrics and math.isfinite(metrics["actor/pg_loss"])
+
+
+def test_non_finite_gradient_skips_the_step(tiny_model_path):
+    cfg = make_cfg(tiny_model_path, "algo.adv_estimator=grpo")
+    learner = Learner(cfg)
+    shard = make_shard(tiny_model_path, cfg)[0]
+    with torch.no_grad():
+        next(learner.actor.parameters()).mul_(float("nan"))
+    poisoned = [p.detach().clone() for p in learner.actor.parameters()]
+    learner.train_step(shard)
+    assert learner.skipped_steps == 2
+    for a, b in zip(poisoned, learner.actor.parameters(), strict=True):
+        assert torch.equal(a.nan_to_num(), b.detach().nan_to_num())  # no optimizer step happened
+
+
+def test_checkpoint_resume_reproduces_the_next_step(tiny_model_path, tmp_path):
+    cfg = make_cfg(tiny_model_path)
+    shard = make_shard(tiny_model_path, cfg)[0]
+    a = Learner(cfg)
+    a.train_step(shard)
+    a.save_checkpoint(tmp_path / "ckpt", extra={"step": 1})
+    expected = a.train_step(shard)
+
+    torch.manual_seed(1234)  # resume must not depend on the fresh process's RNG state
+    b = Learner(cfg)
+    assert b.load_checkpoint(tmp_path / "ckpt") == {"step": 1}
+    assert b.policy_version == 2
+    got = b.train_step(shard)
+    for key in ("actor/pg_loss", "critic/vf_loss", "actor/grad_norm", "actor/entropy"):
+        assert got[key] == pytest.approx(expected[key], rel=1e-6, abs=1e-7), key
+    for pa, pb in zip(a.actor.parameters(), b.actor.parameters(), strict=True):
+        torch.testing.assert_close(pa, pb, rtol=0, atol=1e-6)
+
+
+def _ddp_rank(rank, world, port, model_path, shard, out):
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    learner = Learner(make_cfg(model_path, "learner.mini_batch_size=16"), rank=rank, world_size=world)
+    torch.save(learner.train_step(shard), out / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_two_ranks_give_the_single_process_gradient(tiny_model_path, tmp_path):
+    """Global token counts + all-reduced whitening: 2-rank DDP computes the single-process gradient.
+
+    Compared through the all-reduced gradient norm and the per-rank loss shares (which must sum to the
+    single-process loss). Parameters are not compared: Adam's first step is ~lr*sign(g), so float
+    rounding in near-zero gradient entries would flip signs without meaning anything.
+    """
+    import torch.multiprocessing as mp
+
+    from ragen_async.learner.actor import free_port
+    from ragen_async.ray_runtime import merge_rank_metrics
+
+    cfg = make_cfg(tiny_model_path, "learner.mini_batch_size=16")
+    single = Learner(cfg).train_step(make_shard(tiny_model_path, cfg, num_ranks=1)[0])
+    shards = make_shard(tiny_model_path, cfg, num_ranks=2)
+    assert {len(s.trajectories) for s in shards} != {0}
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_ddp_rank, args=(r, 2, port, tiny_model_path, shards[r], tmp_path)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+        assert p.exitcode == 0
+    merged = merge_rank_metrics([torch.load(tmp_path / f"rank{r}.pt") for r in range(2)])
+    for key in ("actor/grad_norm", "critic/grad_norm", "actor/pg_loss", "critic/vf_loss", "actor/entropy"):
+        assert merged[key] == pytest.approx(single[key], rel=1e-4, abs=1e-6), key

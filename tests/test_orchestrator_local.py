@@ -1,0 +1,119 @@
+"""The synchronous reference loop (runtime: local), end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import pytest
+
+from ragen_async.agent.chat import ChatFormat
+from ragen_async.agent.parsing import format_reply
+from ragen_async.config import load_config
+from ragen_async.inference.fake_engine import FakeEngine
+from ragen_async.metrics import MemorySink
+from ragen_async.orchestrator import LocalTrainer
+from ragen_async.rundir import RunDir
+
+REQUIRED = ["learner/step", "policy_version", "rollout/success", "rollout/reward_mean",
+            "rollout/in_group_reward_std", "rollout/response_length", "actor/entropy", "actor/grad_norm",
+            "actor/pg_clipfrac", "actor/ppo_kl", "critic/vf_loss", "filter/kept_groups", "timing/step_s",
+            "throughput/tokens_per_s", "rollout/Bandit/success", "staleness/mean", "weight_sync/time_s"]
+
+
+def bandit_cfg(model_path, tmp_path, *overrides):
+    return load_config("configs/tiny/starpo_s_bandit.yaml", [
+        f"model.path={model_path}", f"run_root={tmp_path}", "total_steps=3", "rollout.group_size=4",
+        "rollout.envs=[{tag: Bandit, n_groups: 4}]", "validation.every=3",
+        "validation.envs=[{tag: Bandit, n_groups: 8}]", "learner.mini_batch_size=4", "logging.console=false",
+        *overrides])
+
+
+def fake_bandit_engine(chat: ChatFormat) -> FakeEngine:
+    """Replies well-formed answers naming a random arm (the arm names are read from the prompt)."""
+    names = ["Phoenix", "Dragon"]
+
+    def reply(prompt_ids, rng: random.Random):
+        return chat.encode(format_reply([rng.choice(names)], think="pick")) + [chat.end_of_turn_id]
+
+    return FakeEngine(reply, logprob=-0.7)
+
+
+def run_local(cfg, engine=None):
+    run_dir = RunDir.create(cfg)
+    sink = MemorySink()
+    trainer = LocalTrainer(cfg, run_dir, sink, engine=engine)
+    try:
+        asyncio.run(trainer.run())
+    finally:
+        trainer.close()
+    return run_dir, sink.records, trainer
+
+
+def test_three_steps_with_the_fake_engine(tiny_model_path, tmp_path):
+    cfg = bandit_cfg(tiny_model_path, tmp_path)
+    engine = fake_bandit_engine(ChatFormat.from_pretrained(tiny_model_path))
+    run_dir, records, trainer = run_local(cfg, engine)
+    steps = [r for r in records if "actor/grad_norm" in r]
+    assert [r["learner/step"] for r in steps] == [1, 2, 3]
+    for key in REQUIRED:
+        assert key in steps[-1], key
+    assert [r["policy_version"] for r in steps] == [1, 2, 3]
+    assert [v for v, _ in engine.loaded] == [1, 2, 3]  # every new version was pushed to the engine
+    assert all(r["staleness/max"] == 0 for r in steps)  # synchronous: every token is fresh
+    val = [r for r in records if "val/Bandit/success" in r]
+    assert [r["learner/step"] for r in val] == [0, 3]
+    assert (run_dir.checkpoints / "step_000003" / "COMPLETE").exists()
+    assert (run_dir.path / "config.yaml").exists()
+
+
+def test_resume_continues_exactly(tiny_model_path, tmp_path):
+    """3 steps straight == 2 steps, stop, resume for the 3rd (same losses, same data)."""
+    chat = ChatFormat.from_pretrained(tiny_model_path)
+    cfg = bandit_cfg(tiny_model_path, tmp_path, "validation.every=0", "checkpoint_every=2")
+    _, straight, _ = run_local(cfg, fake_bandit_engine(chat))
+
+    cfg2 = bandit_cfg(tiny_model_path, tmp_path, "validation.every=0", "checkpoint_every=2", "total_steps=2")
+    run_dir, first, _ = run_local(cfg2, fake_bandit_engine(chat))
+    cfg3 = bandit_cfg(tiny_model_path, tmp_path, "validation.every=0", "checkpoint_every=2")
+    sink = MemorySink()
+    trainer = LocalTrainer(cfg3, run_dir, sink, engine=fake_bandit_engine(chat))
+    trainer.resume(run_dir.latest_checkpoint())
+    asyncio.run(trainer.run())
+    trainer.close()
+    assert [r["learner/step"] for r in sink.records] == [3]
+    for key in ("actor/pg_loss", "critic/vf_loss", "rollout/reward_mean", "actor/grad_norm"):
+        assert sink.records[0][key] == pytest.approx(straight[2][key], rel=1e-5, abs=1e-7), key
+
+
+@pytest.mark.vllm
+def test_three_steps_with_vllm_and_weights_reach_the_engine(tiny_model_path, tmp_path):
+    """After training, the engine serves the learner's weights: same log-probs for a probe sequence."""
+    import torch
+
+    from ragen_async import algo
+
+    cfg = bandit_cfg(tiny_model_path, tmp_path)
+    trainer = LocalTrainer(cfg, RunDir.create(cfg), sink := MemorySink())
+    probe = trainer.chat.initial_prompt_ids("Which arm? Phoenix or Dragon.") + trainer.chat.encode(
+        " pick </think> <answer> Dragon </answer>")
+
+    async def go():
+        await trainer.run()
+        return await trainer.engine.prompt_logprobs(probe)
+
+    try:
+        engine_lp = asyncio.run(go())
+    finally:
+        trainer.close()
+    steps = [r for r in sink.records if "actor/grad_norm" in r]
+    assert [r["policy_version"] for r in steps] == [1, 2, 3]
+    for key in REQUIRED:
+        assert key in steps[-1], key
+    assert trainer.engine.policy_version == 3
+    ids = torch.tensor([probe])
+    with torch.no_grad():
+        learner_lp = algo.logprobs_from_logits(trainer.learner.actor(input_ids=ids).logits.float()[:, :-1], ids[:, 1:])
+    # float32 on both sides; kernels differ only in reduction order (see tests/inference for the bound).
+    torch.testing.assert_close(torch.tensor(engine_lp[1:]), learner_lp[0], rtol=0, atol=2e-3)
