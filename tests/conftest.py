@@ -33,3 +33,21 @@ def random_tiny_qwen2(tmp_path_factory) -> str:
                 p.normal_(0.0, 0.2)
     model.save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path() -> str:
+    """The project's tiny model (``make test`` builds it first; built here if missing).
+    ``RAGEN_TEST_MODEL`` points the tests at another build (e.g. a quick one while iterating)."""
+    import os
+    from pathlib import Path
+
+    if os.environ.get("RAGEN_TEST_MODEL"):
+        return os.environ["RAGEN_TEST_MODEL"]
+
+    from ragen_async.tinymodel.build import DEFAULT_OUT_DIR, ensure_tiny_model
+
+    root = Path(__file__).resolve().parents[1]
+    path = root / DEFAULT_OUT_DIR
+    ensure_tiny_model(path)
+    return str(path)

@@ -79,8 +79,13 @@ class TinyModelConfig:
     sft_episodes_per_tag: int = 400
     sft_invalid_turn_prob: float = 0.1
     """Share of warm-start turns that are invalid replies kept out of the loss (context after a mistake)."""
-    sft_bandit_name_swap: float = 0.5
-    """Share of bandit episodes whose arm names are swapped across the bandit tags."""
+    sft_prompt_loss_weight: float = 0.5
+    """Weight of an auxiliary next-token loss on the *first* prompt (instructions, legend, initial
+    state; never the env feedback, so no dynamics are learned). It teaches the model to read and copy
+    from the prompt (arm names, numbers) far sooner than the reply loss alone; 0 turns it off."""
+    bandit_rename_prob: float = 0.75
+    """Share of bandit episodes (tokenizer corpus and warm start) whose arm names are drawn from the
+    tags' names and ``corpus.ARM_NAMES``: the model must learn to copy an arm name from the prompt."""
     max_turns: int = 5
     """Turns per SFT episode (the agent default)."""
     max_actions_per_turn: int = 5
@@ -225,21 +230,12 @@ def _reply_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
     return spans
 
 
-def _augmented_bandit(env, names: list[str], rng: random.Random):
-    """A copy of a bandit env whose two arm names are drawn from ``names`` (all tags' arm names), so the
-    model must read the names off the prompt instead of memorising which tag uses which."""
-    from ragen_async.envs.bandit import BanditEnv
-
-    lo, hi = rng.sample(names, 2)
-    return BanditEnv(**{**dataclasses.asdict(env.config), "lo_arm_name": lo, "hi_arm_name": hi})
-
-
 def make_sft_examples(chat, config: TinyModelConfig, seed: int) -> list[SFTExample]:
     """Episodes of every tag played with random well-formed replies through ``play_episode``.
 
     Some turns are deliberately invalid replies (``sft_invalid_turn_prob``) whose tokens are taken out
     of the loss mask: they only provide the context of a turn after a mistake. A share of bandit
-    episodes (``sft_bandit_name_swap``) use arm names swapped across the bandit tags.
+    episodes (``bandit_rename_prob``) use other arm names.
     """
     from ragen_async.agent.episode import AgentLimits, play_episode
     from ragen_async.envs.bandit import BanditEnv
@@ -249,8 +245,8 @@ def make_sft_examples(chat, config: TinyModelConfig, seed: int) -> list[SFTExamp
                          context_budget_tokens=config.max_position_embeddings)
     envs = {tag: corpus.make_env(tag) for tag in config.env_tags}
     foreign = tuple(sorted({a for env in envs.values() for a in env.valid_actions()}))
-    arm_names = sorted({name for env in envs.values() if isinstance(env, BanditEnv)
-                        for name in (env.config.lo_arm_name, env.config.hi_arm_name)})
+    arm_names = tuple(sorted({name for env in envs.values() if isinstance(env, BanditEnv)
+                              for name in (env.config.lo_arm_name, env.config.hi_arm_name)})) + corpus.ARM_NAMES
 
     async def play_all() -> list[SFTExample]:
         examples = []
@@ -261,8 +257,8 @@ def make_sft_examples(chat, config: TinyModelConfig, seed: int) -> list[SFTExamp
                                                foreign_actions=foreign)
             for i in range(config.sft_episodes_per_tag):
                 env = envs[tag]
-                if isinstance(env, BanditEnv) and len(arm_names) > 2 and rng.random() < config.sft_bandit_name_swap:
-                    env = _augmented_bandit(env, arm_names, rng)
+                if isinstance(env, BanditEnv) and rng.random() < config.bandit_rename_prob:
+                    env = corpus.renamed_bandit(env, rng, arm_names)
                 policy.start_episode()
                 # Seeds far from the small ones evaluations use (the model learns nothing about levels anyway).
                 traj = await play_episode(policy, chat, env, tag, 1_000_000 + seed * 100_000 + i, limits)
@@ -299,29 +295,37 @@ def _batches(examples: list[SFTExample], batch_size: int, steps: int, rng: rando
             produced += 1
 
 
-def _collate(batch: list[SFTExample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids and the target mask (1 where the *next* token is a reply token)."""
+def _collate(batch: list[SFTExample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids, the reply mask (loss mask) and the first-prompt mask (tokens before the
+    first reply)."""
     length = max(len(e.token_ids) for e in batch)
     ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(batch), length), dtype=torch.bool)
+    reply = torch.zeros((len(batch), length), dtype=torch.bool)
+    prompt = torch.zeros((len(batch), length), dtype=torch.bool)
     for row, e in enumerate(batch):
         ids[row, :len(e.token_ids)] = torch.tensor(e.token_ids)
-        mask[row, :len(e.loss_mask)] = torch.tensor(e.loss_mask, dtype=torch.bool)
-    return ids, mask
+        reply[row, :len(e.loss_mask)] = torch.tensor(e.loss_mask, dtype=torch.bool)
+        prompt[row, :e.loss_mask.index(1)] = True
+    return ids, reply, prompt
 
 
-def reply_token_loss(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over reply tokens only. Right padding needs no attention mask
-    under causal attention; logits are computed only where a reply token is predicted."""
+def sft_loss(model, ids: torch.Tensor, reply: torch.Tensor, prompt: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Mean next-token cross-entropy over reply tokens and (if ``prompt`` is given) over the tokens of
+    the first prompt. Right padding needs no attention mask under causal attention; logits are only
+    computed where a loss is taken."""
     hidden = model.model(input_ids=ids).last_hidden_state[:, :-1]
-    targets_mask = mask[:, 1:]
-    logits = model.lm_head(hidden[targets_mask])
-    return torch.nn.functional.cross_entropy(logits.float(), ids[:, 1:][targets_mask])
+    targets = ids[:, 1:]
+
+    def ce(mask: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(model.lm_head(hidden[mask]).float(), targets[mask])
+
+    return ce(reply[:, 1:]), (ce(prompt[:, 1:]) if prompt is not None else None)
 
 
 def sft(model, examples: list[SFTExample], config: TinyModelConfig, seed: int, pad_id: int,
         log: Log = _print) -> list[float]:
-    """Supervised warm start on reply tokens; returns the per-step loss."""
+    """Supervised warm start; returns the per-step reply-token loss."""
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -341,14 +345,15 @@ def sft(model, examples: list[SFTExample], config: TinyModelConfig, seed: int, p
     t0 = time.perf_counter()
     report_every = max(1, config.sft_steps // 10)
     for step, batch in enumerate(_batches(examples, config.sft_batch_size, config.sft_steps, rng)):
-        ids, mask = _collate(batch, pad_id)
-        loss = reply_token_loss(model, ids, mask)
+        ids, reply, prompt = _collate(batch, pad_id)
+        reply_loss, prompt_loss = sft_loss(model, ids, reply, prompt if config.sft_prompt_loss_weight else None)
+        loss = reply_loss if prompt_loss is None else reply_loss + config.sft_prompt_loss_weight * prompt_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=False)
         opt.step()
         sched.step()
-        losses.append(float(loss.detach()))
+        losses.append(float(reply_loss.detach()))
         if (step + 1) % report_every == 0 or step + 1 == config.sft_steps:
             recent = losses[-report_every:]
             log(f"sft step {step + 1}/{config.sft_steps}: loss {sum(recent) / len(recent):.4f} "
@@ -398,7 +403,8 @@ def build_tiny_model(out_dir: Path | str, seed: int = 0, config: TinyModelConfig
 
     with _deterministic(seed, config.num_threads):
         t = time.perf_counter()
-        texts = list(corpus.corpus_texts(config.env_tags, config.tokenizer_episodes_per_tag, seed=seed))
+        texts = list(corpus.corpus_texts(config.env_tags, config.tokenizer_episodes_per_tag, seed=seed,
+                                             bandit_rename_prob=config.bandit_rename_prob))
         tokenizer = train_tokenizer(texts, vocab_size=config.vocab_size)
         check_tokenizer(tokenizer)
         chat = ChatFormat(tokenizer)

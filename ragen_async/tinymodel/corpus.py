@@ -35,11 +35,38 @@ GENERIC_THOUGHTS: tuple[str, ...] = (
 """Think text of warm-start replies: short, generic, with no information about the task."""
 
 
+ARM_NAMES: tuple[str, ...] = (
+    "Tiger", "Turtle", "Eagle", "Owl", "Fox", "Wolf", "Bear", "Lion", "Rabbit", "Shark", "Falcon", "Snail",
+    "Banker", "Pirate", "Monk", "Farmer", "Knight", "Wizard", "Sailor", "Miner", "Doctor", "Soldier", "Hermit",
+    "Merchant", "Scholar", "Hunter", "Thief", "King", "Queen", "Rock", "River", "Storm", "Candle", "Anchor",
+    "Rocket", "Mountain", "Feather", "Diamond", "Comet", "Oak", "Willow", "Lottery", "Casino", "Vault",
+)
+"""Extra arm names for bandit episodes in the tokenizer corpus and the warm start: with many names the
+only way to name an arm is to copy it from the prompt, which is what the base policy must do."""
+
+
 def make_env(tag: str) -> TextEnv:
     """A fresh environment for ``tag`` from the project's env registry."""
     from ragen_async.envs.registry import make_env_from_tag
 
     return make_env_from_tag(tag)
+
+
+def renamed_bandit(env: TextEnv, rng: random.Random, names: tuple[str, ...] = ARM_NAMES) -> TextEnv:
+    """A copy of a bandit env (same config) whose two arm names are drawn from ``names``."""
+    import dataclasses
+
+    from ragen_async.envs.bandit import BanditEnv
+
+    assert isinstance(env, BanditEnv)
+    lo, hi = rng.sample(sorted(set(names)), 2)
+    return BanditEnv(**{**dataclasses.asdict(env.config), "lo_arm_name": lo, "hi_arm_name": hi})
+
+
+def is_bandit(env: TextEnv) -> bool:
+    from ragen_async.envs.bandit import BanditEnv
+
+    return isinstance(env, BanditEnv)
 
 
 def random_reply_text(env: TextEnv, actions_left: int, max_actions_per_turn: int, rng: random.Random) -> str:
@@ -136,12 +163,14 @@ def random_conversation(env: TextEnv, seed: int, rng: random.Random, limits: Age
 
 
 def corpus_texts(tags: tuple[str, ...], seeds_per_tag: int, seed: int = 0,
-                 limits: AgentLimits | None = None,
-                 env_factory: Callable[[str], TextEnv] = make_env) -> Iterator[str]:
-    """Rendered ChatML conversations: ``seeds_per_tag`` random episodes of every tag."""
+                 limits: AgentLimits | None = None, bandit_rename_prob: float = 0.0,
+                 env_factory: Callable[[str], TextEnv] | None = None) -> Iterator[str]:
+    """Rendered ChatML conversations: ``seeds_per_tag`` random episodes of every tag; a share
+    ``bandit_rename_prob`` of bandit episodes use arm names from :data:`ARM_NAMES`."""
     limits = limits or AgentLimits()
     rng = random.Random(seed)
     for tag in tags:
-        env = env_factory(tag)
+        env = (env_factory or make_env)(tag)
         for episode_seed in range(seeds_per_tag):
-            yield render_chatml(random_conversation(env, 10_000 * seed + episode_seed, rng, limits))
+            episode_env = renamed_bandit(env, rng) if is_bandit(env) and rng.random() < bandit_rename_prob else env
+            yield render_chatml(random_conversation(episode_env, 10_000 * seed + episode_seed, rng, limits))

@@ -145,12 +145,16 @@ def test_load_state_dict_with_new_weights_and_inflight_update(h, reference, rand
         tasks = [asyncio.create_task(h.engine.generate(PROMPT, SamplingConfig(max_tokens=150,
                                                                               seed=i)))
                  for i in range(4)]
-        while not any(t.done() for t in tasks):
-            await asyncio.sleep(0.05)
-            st = await h.engine.llm.get_weight_version()
-            if st is not None:
+        # A streamed probe request batched with them tells when decoding is under way.
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        probe = h.engine.llm.generate(TokensPrompt(prompt_token_ids=PROMPT),
+                                      SamplingParams(max_tokens=150, detokenize=False), "probe")
+        async for out in probe:
+            if len(out.outputs[0].token_ids) >= 10:
                 break
-        await asyncio.sleep(0.2)
+        await probe.aclose()  # aborts the probe
         await h.engine.pause()
         await h.engine.load_state_dict(reference.state_dict().items(), version=v0 + 2)
         await h.engine.resume()
@@ -161,7 +165,7 @@ def test_load_state_dict_with_new_weights_and_inflight_update(h, reference, rand
         assert len(g.token_ids) == 150
         assert g.start_version == v0 + 1 and g.end_version == v0 + 2
         switch = g.token_versions.index(v0 + 2)
-        assert 0 < switch and g.token_versions == [v0 + 1] * switch + [v0 + 2] * (150 - switch)
+        assert 0 < switch < 150 and g.token_versions == [v0 + 1] * switch + [v0 + 2] * (150 - switch)
         # tokens after the switch were sampled by the restored reference weights
         ref = forward_logprobs(reference, PROMPT + g.token_ids)[len(PROMPT):]
         assert g.logprobs[switch:] == pytest.approx(ref[switch:], abs=ATOL)
