@@ -29,6 +29,21 @@ from ragen_async.weight_sync.base import WeightSyncError, dtype_from_name
 from ragen_async.weight_sync.gloo import group_name, open_group, receive_weights
 
 
+def _shared_parameters(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Module, str]]:
+    """(module, attr, source_module, source_attr) for every parameter that is the same object as an
+    earlier module's parameter (tied weights)."""
+    first: dict[int, tuple[torch.nn.Module, str]] = {}
+    shared = []
+    for _, module in model.named_modules(remove_duplicate=False):
+        for attr, param in module.named_parameters(recurse=False):
+            if id(param) in first:
+                if first[id(param)][0] is not module:
+                    shared.append((module, attr, *first[id(param)]))
+            else:
+                first[id(param)] = (module, attr)
+    return shared
+
+
 class WeightSyncWorkerExtension:
     """Methods callable through ``collective_rpc``; ``self`` is the vLLM worker."""
 
@@ -41,8 +56,18 @@ class WeightSyncWorkerExtension:
     # ---- loading ----------------------------------------------------------------------------
     def _ragen_reload(self, named: Sequence[tuple[str, torch.Tensor]], version: int) -> dict:
         t0 = time.perf_counter()
+        model = self.model_runner.get_model()
+        shared = _shared_parameters(model)
         with torch.no_grad():
             self.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
+        # The reload replaces parameters, which silently unties tied weights (e.g. Qwen2's lm_head
+        # shares embed_tokens.weight): the head would keep serving the old embedding. Re-tie them,
+        # then let the layer redo its post-load step (on CPU it captures the weight in a GEMM handle).
+        for module, attr, source, source_attr in shared:
+            setattr(module, attr, getattr(source, source_attr))
+            quant_method = getattr(module, "quant_method", None)
+            if quant_method is not None and hasattr(quant_method, "process_weights_after_loading"):
+                quant_method.process_weights_after_loading(module)
         self._ragen_version = int(version)
         return {"num_tensors": len(named), "reload_s": time.perf_counter() - t0,
                 "version": int(version)}

@@ -71,12 +71,13 @@ class TinyModelConfig:
     max_position_embeddings: int = 4096
     rope_theta: float = 10000.0
     # SFT warm start
-    sft_steps: int = 300
-    sft_batch_size: int = 8
+    sft_steps: int = 400
+    sft_batch_tokens: int = 4096
+    """Padded tokens per SFT batch (short episodes pack many per batch)."""
     sft_lr: float = 3e-3
     sft_warmup_steps: int = 20
     sft_weight_decay: float = 0.01
-    sft_episodes_per_tag: int = 400
+    sft_episodes_per_tag: int = 600
     sft_invalid_turn_prob: float = 0.1
     """Share of warm-start turns that are invalid replies kept out of the loss (context after a mistake)."""
     sft_prompt_loss_weight: float = 0.5
@@ -102,8 +103,8 @@ class TinyModelConfig:
                              f"got {self.hidden_size} / {self.num_attention_heads}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
-        if self.sft_steps < 0 or self.sft_batch_size < 1 or self.sft_episodes_per_tag < 1:
-            raise ValueError("sft_steps must be >= 0, sft_batch_size and sft_episodes_per_tag >= 1")
+        if self.sft_steps < 0 or self.sft_batch_tokens < 1 or self.sft_episodes_per_tag < 1:
+            raise ValueError("sft_steps must be >= 0, sft_batch_tokens and sft_episodes_per_tag >= 1")
         if not self.env_tags:
             raise ValueError("env_tags must not be empty")
 
@@ -276,17 +277,24 @@ def make_sft_examples(chat, config: TinyModelConfig, seed: int) -> list[SFTExamp
     return asyncio.run(play_all())
 
 
-def _batches(examples: list[SFTExample], batch_size: int, steps: int, rng: random.Random) -> Iterator[list[SFTExample]]:
-    """``steps`` batches: epochs of shuffled examples, bucketed by length to limit padding."""
+def _batches(examples: list[SFTExample], batch_tokens: int, steps: int, rng: random.Random) -> Iterator[list[SFTExample]]:
+    """``steps`` batches of at most ``batch_tokens`` padded tokens (an example longer than that goes
+    alone): epochs of shuffled examples, bucketed by length so short episodes pack many per batch."""
     produced = 0
     while True:
         order = list(range(len(examples)))
         rng.shuffle(order)
-        chunk = batch_size * 16
-        batches = []
+        batches: list[list[int]] = []
+        chunk = 256
         for start in range(0, len(order), chunk):
             part = sorted(order[start:start + chunk], key=lambda i: len(examples[i].token_ids))
-            batches += [part[j:j + batch_size] for j in range(0, len(part), batch_size)]
+            current: list[int] = []
+            for i in part:  # sorted ascending: the newest example is the longest
+                if current and (len(current) + 1) * len(examples[i].token_ids) > batch_tokens:
+                    batches.append(current)
+                    current = []
+                current.append(i)
+            batches.append(current)
         rng.shuffle(batches)
         for b in batches:
             if produced == steps:
@@ -344,7 +352,7 @@ def sft(model, examples: list[SFTExample], config: TinyModelConfig, seed: int, p
     losses: list[float] = []
     t0 = time.perf_counter()
     report_every = max(1, config.sft_steps // 10)
-    for step, batch in enumerate(_batches(examples, config.sft_batch_size, config.sft_steps, rng)):
+    for step, batch in enumerate(_batches(examples, config.sft_batch_tokens, config.sft_steps, rng)):
         ids, reply, prompt = _collate(batch, pad_id)
         reply_loss, prompt_loss = sft_loss(model, ids, reply, prompt if config.sft_prompt_loss_weight else None)
         loss = reply_loss if prompt_loss is None else reply_loss + config.sft_prompt_loss_weight * prompt_loss

@@ -15,12 +15,12 @@ from ragen_async.tinymodel.build import TinyModelConfig, build_tiny_model, is_co
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACT = REPO / "artifacts" / "tiny-model"
 
-QUICK = dict(tokenizer_episodes_per_tag=40, sft_steps=12, sft_episodes_per_tag=12, sft_batch_size=4)
+QUICK = dict(tokenizer_episodes_per_tag=40, sft_steps=12, sft_episodes_per_tag=12, sft_batch_tokens=2048)
 """A quick build with the default architecture (what the session fixture builds when no artifact exists)."""
 
 SMALL = TinyModelConfig(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=1,
                         intermediate_size=128, vocab_size=600, tokenizer_episodes_per_tag=20, sft_steps=3,
-                        sft_episodes_per_tag=4, sft_batch_size=2, sft_warmup_steps=1)
+                        sft_episodes_per_tag=4, sft_batch_tokens=1024, sft_warmup_steps=1)
 """A very small build config for determinism and cache tests."""
 
 
