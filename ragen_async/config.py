@@ -142,8 +142,11 @@ class InferenceConfig(_Strict):
     kv_cache_gib: float = 1.0
     """CPU KV-cache size (``VLLM_CPU_KVCACHE_SPACE``)."""
     enforce_eager: bool = True
-    update_mode: Literal["keep", "wait"] = "keep"
-    """In-flight weight update: ``keep`` pauses keeping running requests, ``wait`` drains them first."""
+    kv_on_update: Literal["keep", "recompute"] = "keep"
+    """In-flight weight update (running requests are paused, never dropped): ``keep`` continues them on
+    their old-weights KV cache (PipelineRL-style); ``recompute`` clears the cache so they recompute their
+    context under the new weights. vLLM 0.32 on CPU crashes resuming seeded requests after a cache
+    clear ("CPU Generator does not use offset"), so ``keep`` is the default."""
 
 
 class StalenessConfig(_Strict):

@@ -36,7 +36,7 @@ from ragen_async.learner.learner import ADDITIVE_METRICS
 from ragen_async.metrics import MetricsSink
 from ragen_async.protocol import TrajectoryGroup
 from ragen_async.rollout.actor import AdmissionGate, RolloutActor
-from ragen_async.rollout.worker import summarize_trajectories
+from ragen_async.rollout.worker import rollout_metrics
 from ragen_async.rundir import RunDir, checkpoint_path, save_checkpoint_marker
 from ragen_async.transport import make_receiver
 
