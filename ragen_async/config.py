@@ -168,6 +168,9 @@ class WeightSyncConfig(_Strict):
     timeout_s: float = Field(120.0, gt=0)
     publish_every: int = Field(1, ge=1)
     """Publish new weights every this many learner versions."""
+    verify_every: int = Field(0, ge=0)
+    """Every this many syncs, compare each engine's log-probs of a fixed probe sequence with the
+    learner's (``weight_sync/probe_max_abs_diff``); 0 = never. A broken sync shows up here first."""
 
 
 class TransportConfig(_Strict):
@@ -197,6 +200,9 @@ class RunConfig(_Strict):
     run_root: str = "runs"
     checkpoint_every: int = Field(0, ge=0)
     """Save a checkpoint every this many steps (0 = only at the end)."""
+    record_provenance: bool = True
+    """Write ``provenance.jsonl``: per learner step, every consumed group's id, seed, worker and the
+    policy versions of its tokens, so staleness can be audited (and the schedule replayed) offline."""
     model: ModelConfig = ModelConfig()
     agent: AgentConfig = AgentConfig()
     rollout: RolloutConfig = RolloutConfig()

@@ -129,7 +129,7 @@ class ConsoleSink(MetricsSink):
                if k.startswith("val/") and k.endswith("/success")]
         if val:
             parts.append("[bold green]val[/] " + " ".join(val))
-        self.console.print(" | ".join(parts), highlight=False)
+        self.console.print(" | ".join(parts), highlight=False, soft_wrap=True)
 
 
 class MultiSink(MetricsSink):

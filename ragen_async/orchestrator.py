@@ -29,6 +29,7 @@ from ragen_async.config import RunConfig, load_config
 from ragen_async.inference.base import InferenceEngine
 from ragen_async.learner.learner import Learner
 from ragen_async.metrics import ConsoleSink, JsonlSink, MetricsSink, MultiSink, WandbSink, resolve_wandb_mode
+from ragen_async.provenance import ProvenanceLog
 from ragen_async.rollout.engines import make_engine
 from ragen_async.rollout.worker import RolloutWorker, rollout_metrics, validate_engine
 from ragen_async.rundir import RunDir, checkpoint_path, save_checkpoint_marker
@@ -71,6 +72,8 @@ class LocalTrainer:
             groups_per_step=cfg.rollout.groups_per_step, max_staleness=0, filter_mode=cfg.algo.filter_mode,
             filter_ratio=cfg.algo.filter_ratio, norm_mode=cfg.algo.grpo_norm, num_ranks=1)
         self.start_step = 0
+        self.provenance = ProvenanceLog(run_dir.path / "provenance.jsonl" if cfg.record_provenance else None)
+        self.syncs = 0
 
     def resume(self, checkpoint: Path) -> None:
         extra = self.learner.load_checkpoint(checkpoint)
@@ -78,10 +81,18 @@ class LocalTrainer:
         log.info("resumed from %s at step %d (policy version %d)", checkpoint, self.start_step,
                  self.learner.policy_version)
 
-    async def _publish(self) -> float:
+    async def _publish(self) -> dict[str, float]:
         t0 = time.perf_counter()
         await self.engine.load_state_dict(self.learner.named_weights(), self.learner.policy_version)
-        return time.perf_counter() - t0
+        out = {"weight_sync/time_s": time.perf_counter() - t0}
+        self.syncs += 1
+        every = self.cfg.weight_sync.verify_every
+        if every and self.syncs % every == 0:
+            probe = np.random.default_rng(0).integers(0, self.learner.actor.config.vocab_size, size=48).tolist()
+            engine_lp = np.asarray((await self.engine.prompt_logprobs(probe))[1:])
+            learner_lp = np.asarray(self.learner.probe_logprobs(probe)[1:])
+            out["weight_sync/probe_max_abs_diff"] = float(np.max(np.abs(engine_lp - learner_lp)))
+        return out
 
     async def run(self) -> dict[str, float]:
         cfg = self.cfg
@@ -101,10 +112,11 @@ class LocalTrainer:
             for g in groups:
                 self.buffer.add(g, self.learner.policy_version, now)
             shards, batch_metrics = self.buffer.next_batch(self.learner.policy_version, step, now)
+            self.provenance.write(step + 1, self.learner.policy_version, self.buffer.last_groups, shards)
             t0 = time.perf_counter()
             learner_metrics = self.learner.train_step(shards[0])
             train_s = time.perf_counter() - t0
-            sync_s = await self._publish()
+            sync_metrics = await self._publish()
 
             record: dict[str, Any] = {"learner/step": step + 1, "policy_version": self.learner.policy_version}
             trajs = [t for g in groups for t in g.trajectories]
@@ -113,7 +125,7 @@ class LocalTrainer:
             record.update(learner_metrics)
             step_s = time.perf_counter() - t_step
             record.update({
-                "timing/gen_s": gen_s, "timing/train_s": train_s, "weight_sync/time_s": sync_s,
+                **sync_metrics, "timing/gen_s": gen_s, "timing/train_s": train_s,
                 "timing/step_s": step_s,
                 "throughput/tokens_per_s": float(sum(t.num_tokens for t in trajs)) / max(step_s, 1e-9),
                 "throughput/learner_tokens_per_s": learner_metrics.get("learner/num_tokens", 0.0) / max(train_s, 1e-9),
@@ -136,6 +148,7 @@ class LocalTrainer:
         return metrics
 
     def close(self) -> None:
+        self.provenance.close()
         self.engine.shutdown()
 
 

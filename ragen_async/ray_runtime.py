@@ -35,6 +35,7 @@ from ragen_async.learner.actor import LearnerActor
 from ragen_async.learner.learner import ADDITIVE_METRICS
 from ragen_async.metrics import MetricsSink
 from ragen_async.protocol import TrajectoryGroup
+from ragen_async.provenance import ProvenanceLog
 from ragen_async.rollout.actor import AdmissionGate, RolloutActor
 from ragen_async.rollout.worker import rollout_metrics
 from ragen_async.rundir import RunDir, checkpoint_path, save_checkpoint_marker
@@ -64,6 +65,8 @@ class RayTrainer:
         self.shard_senders: list[Any] = []
         self.start_step = 0
         self.version = 0
+        self.syncs = 0
+        self.provenance = ProvenanceLog(run_dir.path / "provenance.jsonl" if cfg.record_provenance else None)
         self._init_ray()
         try:
             self._build()
@@ -131,6 +134,8 @@ class RayTrainer:
                      for i, r in enumerate(self.rollouts)] + [connect])
         elif self.weight_backend == "nccl":
             self._connect_nccl()
+        vocab = ray.get(self.learners[0].vocab_size.remote())
+        self.probe_ids = np.random.default_rng(0).integers(0, vocab, size=48).tolist()
         self.buffer = TrajectoryBuffer(
             groups_per_step=cfg.rollout.groups_per_step, max_staleness=cfg.staleness.max_staleness,
             filter_mode=cfg.algo.filter_mode, filter_ratio=cfg.algo.filter_ratio, norm_mode=cfg.algo.grpo_norm,
@@ -160,6 +165,14 @@ class RayTrainer:
             return max(0, learner_version - (self.cfg.staleness.max_staleness or 0))
         return learner_version
 
+    async def verify_sync(self) -> dict[str, float]:
+        """Every engine's log-probs of a fixed probe sequence against learner rank 0's."""
+        probe = self.probe_ids
+        learner_lp, *engine_lps = await asyncio.gather(self.learners[0].probe_logprobs.remote(probe),
+                                                       *[r.probe_logprobs.remote(probe) for r in self.rollouts])
+        diffs = [float(np.max(np.abs(np.asarray(e[1:]) - np.asarray(learner_lp[1:])))) for e in engine_lps]
+        return {"weight_sync/probe_max_abs_diff": max(diffs)}
+
     async def publish(self, learner_version: int) -> dict[str, float]:
         """Push weights to every engine, then tell the gate; returns timing metrics."""
         target = self.published_version_for(learner_version)
@@ -173,7 +186,12 @@ class RayTrainer:
             await asyncio.gather(*[r.load_state_dict.remote(weights, target) for r in self.rollouts])
         sync_s = time.perf_counter() - t0
         await self.gate.set_published_version.remote(learner_version)
-        return {"weight_sync/time_s": sync_s, "weight_sync/published_version": float(target)}
+        out = {"weight_sync/time_s": sync_s, "weight_sync/published_version": float(target)}
+        self.syncs += 1
+        every = self.cfg.weight_sync.verify_every
+        if every and self.syncs % every == 0 and target == learner_version:
+            out.update(await self.verify_sync())  # (fixed lag serves an older version: nothing to compare)
+        return out
 
     # ------------------------------------------------------------------ the loop
     def resume(self, checkpoint) -> None:
@@ -210,6 +228,7 @@ class RayTrainer:
             await self._fill_buffer()
             wait_s = time.perf_counter() - t_step
             shards, batch_metrics = self.buffer.next_batch(self.version, step, time.time())
+            self.provenance.write(step + 1, self.version, self.buffer.last_groups, shards)
             consumed = [t for s in shards for t in s.trajectories]
             for sender, shard in zip(self.shard_senders, shards, strict=True):
                 sender.send(shard)
@@ -227,6 +246,7 @@ class RayTrainer:
             record.update(learner_metrics)
             record.update(sync)
             record.update(self._idle_metrics(prev_stats, stats, train_s, step_s))
+            record.update(self.receiver.stats.as_metrics("transport"))
             prev_stats = stats
             n_tokens = sum(t.num_tokens for t in consumed)
             record.update({"timing/step_s": step_s, "timing/wait_batch_s": wait_s, "timing/train_s": train_s,
@@ -284,5 +304,6 @@ class RayTrainer:
                 s.close()
             if self.receiver is not None:
                 self.receiver.close()
+            self.provenance.close()
             if self._started_ray:
                 ray.shutdown()

@@ -125,17 +125,13 @@ class LearnerActor:
         return list(self.ring.get(version).items())
 
     def probe_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
-        """The learner's log-probs of a fixed sequence (for the engine/learner agreement check)."""
-        from ragen_async import algo
-
-        ids = torch.tensor([token_ids])
-        with torch.no_grad():
-            logits = self.learner.actor(input_ids=ids).logits.float() / temperature
-            lp = algo.logprobs_from_logits(logits[:, :-1], ids[:, 1:])
-        return [0.0] + lp[0].tolist()
+        return self.learner.probe_logprobs(token_ids, temperature)
 
     def policy_version(self) -> int:
         return self.learner.policy_version
+
+    def vocab_size(self) -> int:
+        return int(self.learner.actor.config.vocab_size)
 
     def save_checkpoint(self, path: str, step: int) -> None:
         self.learner.save_checkpoint(Path(path), extra={"step": step})

@@ -191,8 +191,8 @@ class Learner:
 
         metrics: dict[str, float] = {}
         metrics.update(self._mismatch_metrics(batch, old_logprobs, shard.learner_version))
-        if old_values is not None and returns is not None:
-            # Over the whole shard (verl: pre-update values); per micro-batch, constant returns make it NaN.
+        if old_values is not None and returns is not None and float(algo.masked_var(returns, batch.loss_mask)) > 1e-8:
+            # Over the whole shard (verl: pre-update values); undefined when every return is the same.
             metrics["critic/vf_explained_var"] = float(algo.explained_variance(old_values, returns, batch.loss_mask))
 
         # Every rank derives the mini-batch count from global numbers so all ranks step together.
@@ -305,6 +305,14 @@ class Learner:
             if float(counts[s]) > 0:
                 out[f"mismatch/k3_kl_staleness_{s}"] = float(means[s])
         return out
+
+    @torch.no_grad()
+    def probe_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
+        """Log-prob of each token of a fixed sequence given its prefix (position 0 gets 0.0): the
+        learner's side of the engine/learner agreement check."""
+        ids = torch.tensor([token_ids], device=self.device)
+        logits = self.actor(input_ids=ids).logits.float() / temperature
+        return [0.0] + algo.logprobs_from_logits(logits[:, :-1], ids[:, 1:])[0].tolist()
 
     # ------------------------------------------------------------------ weights and checkpoints
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
