@@ -112,6 +112,11 @@ class VLLMEngine(InferenceEngine):
             enforce_eager=True, seed=seed, worker_extension_cls=WORKER_EXTENSION,
             logprobs_mode="processed_logprobs", max_logprobs=max_logprobs,
             generation_config="vllm", enable_prefix_caching=enable_prefix_caching,
+            # No chunked prefill: a prefill split across steps makes vLLM discard the chunk's sampled
+            # token and rewind the request's seeded generator, which CPU generators cannot do ("CPU
+            # Generator does not use offset" kills the engine). With a batch budget >= the context
+            # window every prompt is prefilled whole.
+            enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, 8192),
             tensor_parallel_size=tensor_parallel_size,
             gpu_memory_utilization=gpu_memory_utilization, disable_log_stats=True)
         if max_num_seqs is not None:
