@@ -147,10 +147,9 @@ class RayTrainer:
 
         if not torch.cuda.is_available():
             raise RuntimeError("weight_sync.backend=nccl needs CUDA GPUs; use gloo (or auto) on CPU")
-        R = len(self.rollouts)
-        address, port = ray.get(self.learners[0].open_nccl_group.remote(R))
-        ray.get([r.init_nccl_receiver.remote(address, port, R + 1, i + 1) for i, r in enumerate(self.rollouts)]
-                + [self.learners[0].connect_weight_group.remote()])
+        # Rank 0 drives the whole exchange (init handshake, start/update/finish) through the actors.
+        ray.get(self.learners[0].open_nccl_group.remote(self.rollouts))
+        ray.get(self.learners[0].connect_weight_group.remote())
         self.manifest = None
 
     def _weight_backend(self) -> str:
@@ -181,6 +180,8 @@ class RayTrainer:
             sender = self.learners[0].publish.remote(target)
             receivers = [r.receive_broadcast.remote(self.manifest, target) for r in self.rollouts]
             await asyncio.gather(sender, *receivers)
+        elif self.weight_backend == "nccl":
+            await self.learners[0].publish.remote(target)  # rank 0's client drives every engine
         else:  # rpc: tensors through the object store (tests, tiny models)
             weights = await self.learners[0].weights_for_rpc.remote(target)
             await asyncio.gather(*[r.load_state_dict.remote(weights, target) for r in self.rollouts])

@@ -102,6 +102,16 @@ class LearnerActor:
         self.publisher = GlooBroadcastPublisher(address, 0, num_receivers, timeout_s=self.cfg.weight_sync.timeout_s)
         return address, self.publisher.master_port, GlooBroadcastPublisher.manifest(self.learner.named_weights())
 
+    def open_nccl_group(self, rollout_actors: list) -> tuple[str, int]:
+        """GPU: vLLM's native NCCL weight transfer to every rollout actor's engine (one worker each)."""
+        from ragen_async.weight_sync.nccl import NcclPublisher, RayActorsClient
+
+        assert self.rank == 0
+        address, port = ray.util.get_node_ip_address(), free_port()
+        client = RayActorsClient(rollout_actors, timeout_s=self.cfg.weight_sync.timeout_s)
+        self.publisher = NcclPublisher(address, port, len(rollout_actors), client)
+        return address, port
+
     def connect_weight_group(self) -> None:
         self.publisher.connect()
 

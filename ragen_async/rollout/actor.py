@@ -135,6 +135,19 @@ class RolloutActor:
         await self.worker.engine.receive_broadcast(manifest, version)
         return time.perf_counter() - t0
 
+    # ---- GPU: vLLM's native NCCL weight transfer (driven from learner rank 0, see weight_sync.nccl)
+    async def init_weight_transfer_engine(self, init_info: dict) -> None:
+        await self.worker.engine.init_weight_transfer_engine(init_info)
+
+    async def start_weight_update(self) -> None:
+        await self.worker.engine.start_weight_update()
+
+    async def update_weights(self, update_info: Any) -> None:
+        await self.worker.engine.update_weights(update_info)
+
+    async def finish_weight_update(self, weight_version: str | None = None) -> None:
+        await self.worker.engine.finish_weight_update(weight_version)
+
     async def load_state_dict(self, items: list[tuple[str, Any]], version: int) -> None:
         await self.worker.engine.load_state_dict(items, version)
 

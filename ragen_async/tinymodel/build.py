@@ -90,7 +90,13 @@ class TinyModelConfig:
     max_turns: int = 5
     """Turns per SFT episode (the agent default)."""
     max_actions_per_turn: int = 5
-    """Warm-start replies carry 1..min(this, actions left) actions, uniformly."""
+    """The agent's per-turn cap during warm-start episodes (the agent default)."""
+    sft_max_actions_per_turn: int = 3
+    """Warm-start replies carry 1..min(this, actions left) actions, uniformly. Kept below the agent's
+    cap so that a slightly miscounted reply is still valid."""
+    sft_bandit_episode_factor: int = 3
+    """Bandit tags get this many times ``sft_episodes_per_tag`` episodes: they are short, and naming an
+    arm means copying it from the prompt, which takes the tiny model many examples to learn."""
     max_tokens_per_turn: int = 400
     """Only appears in the prompt text ("Keep the reply under N tokens")."""
     num_threads: int = 2
@@ -253,10 +259,13 @@ def make_sft_examples(chat, config: TinyModelConfig, seed: int) -> list[SFTExamp
         examples = []
         for t, tag in enumerate(config.env_tags):
             rng = random.Random(seed * 1_000 + t)
-            policy = corpus.RandomFormatPolicy(chat, config.max_actions_per_turn, seed=seed * 1_000 + t,
+            policy = corpus.RandomFormatPolicy(chat, config.sft_max_actions_per_turn, seed=seed * 1_000 + t,
                                                invalid_turn_prob=config.sft_invalid_turn_prob,
-                                               foreign_actions=foreign)
-            for i in range(config.sft_episodes_per_tag):
+                                               foreign_actions=foreign,
+                                               agent_max_actions_per_turn=config.max_actions_per_turn)
+            n_episodes = config.sft_episodes_per_tag * (
+                config.sft_bandit_episode_factor if isinstance(envs[tag], BanditEnv) else 1)
+            for i in range(n_episodes):
                 env = envs[tag]
                 if isinstance(env, BanditEnv) and rng.random() < config.bandit_rename_prob:
                     env = corpus.renamed_bandit(env, rng, arm_names)

@@ -104,9 +104,11 @@ class RandomFormatPolicy(ReplyPolicy):
     loss mask leaves those replies out)."""
 
     def __init__(self, chat: ChatFormat, max_actions_per_turn: int, seed: int = 0, invalid_turn_prob: float = 0.0,
-                 foreign_actions: tuple[str, ...] = ()):
+                 foreign_actions: tuple[str, ...] = (), agent_max_actions_per_turn: int | None = None):
         self.chat = chat
         self.max_actions_per_turn = max_actions_per_turn
+        self.agent_max_actions_per_turn = agent_max_actions_per_turn or max_actions_per_turn
+        """The parser's cap, which a "too many actions" invalid reply must exceed."""
         self.invalid_turn_prob = invalid_turn_prob
         self.foreign_actions = foreign_actions
         self.rng = random.Random(seed)
@@ -118,7 +120,8 @@ class RandomFormatPolicy(ReplyPolicy):
     async def reply(self, context_ids, env, actions_left, max_tokens, request_seed):
         invalid = self.rng.random() < self.invalid_turn_prob
         if invalid:
-            text = invalid_reply_text(env, actions_left, self.max_actions_per_turn, self.rng, self.foreign_actions)
+            text = invalid_reply_text(env, actions_left, self.agent_max_actions_per_turn, self.rng,
+                                      self.foreign_actions)
         else:
             text = random_reply_text(env, actions_left, self.max_actions_per_turn, self.rng)
         self.history.append(invalid)

@@ -159,3 +159,33 @@ class LocalEnginesClient:
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         self._all(lambda i, e: e.finish_weight_update(weight_version))
+
+
+class RayActorsClient:
+    """``VLLMWeightSyncClient`` over Ray actors that each own one engine and expose the four
+    methods under the same names (``RolloutActor``). Calls block on ``ray.get`` (the publisher runs
+    on learner rank 0, a synchronous actor)."""
+
+    def __init__(self, actors: Sequence[Any], workers_per_engine: int = 1, timeout_s: float | None = None):
+        self.actors = list(actors)
+        self.workers_per_engine = workers_per_engine
+        self.timeout_s = timeout_s
+
+    def _all(self, make) -> None:
+        import ray
+
+        ray.get([make(i, a) for i, a in enumerate(self.actors)], timeout=self.timeout_s)
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        base = int(init_info.get("rank_offset", 1))
+        self._all(lambda i, a: a.init_weight_transfer_engine.remote(
+            {**init_info, "rank_offset": base + i * self.workers_per_engine}))
+
+    def start_weight_update(self) -> None:
+        self._all(lambda i, a: a.start_weight_update.remote())
+
+    def update_weights(self, update_info: Any) -> None:
+        self._all(lambda i, a: a.update_weights.remote(update_info))
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._all(lambda i, a: a.finish_weight_update.remote(weight_version))
