@@ -363,3 +363,9 @@ class VLLMEngine(InferenceEngine):
         if not self._closed:
             self._closed = True
             self._llm.shutdown()
+            # Drop the engine now: AsyncLLM.__del__ shuts down again, and at interpreter exit (module
+            # globals already gone) that raises a spurious "NoneType object is not callable".
+            import gc
+
+            self._llm = None
+            gc.collect()
