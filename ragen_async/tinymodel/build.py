@@ -74,7 +74,7 @@ class TinyModelConfig:
     """Std of the initial weights. Larger than transformers' 0.02: with it the model learns to copy an
     arm name from the prompt several times sooner (a phase change the SFT budget must reach)."""
     # SFT warm start
-    sft_steps: int = 400
+    sft_steps: int = 360
     sft_batch_tokens: int = 4096
     """Padded tokens per SFT batch (short episodes pack many per batch)."""
     sft_lr: float = 3e-3
@@ -87,7 +87,7 @@ class TinyModelConfig:
     """Weight of an auxiliary next-token loss on the *first* prompt (instructions, legend, initial
     state; never the env feedback, so no dynamics are learned). It teaches the model to read and copy
     from the prompt (arm names, numbers) far sooner than the reply loss alone; 0 turns it off."""
-    bandit_rename_prob: float = 0.75
+    bandit_rename_prob: float = 0.5
     """Share of bandit episodes (tokenizer corpus and warm start) whose arm names are drawn from the
     tags' names and ``corpus.ARM_NAMES``: the model must learn to copy an arm name from the prompt."""
     max_turns: int = 5
