@@ -8,8 +8,9 @@
    float32);
 3. plays episodes of every env tag with uniformly random valid actions through the real agent code
    path (``agent.episode.play_episode`` + ``ChatFormat``), so the SFT sequences are token-exact with
-   rollouts, and trains cross-entropy on the reply tokens only (the loss mask). The model learns the
-   reply format and nothing about the tasks;
+   rollouts, and trains cross-entropy on the reply tokens (the loss mask), plus an auxiliary loss on
+   the first prompt (see ``sft_prompt_loss_weight``). The model learns the reply format and nothing
+   about the tasks: its actions are uniformly random;
 4. saves model, tokenizer, generation config (eos = ``<|im_end|>``) and ``build_info.json``.
 
 ``ensure_tiny_model(out_dir, seed)`` builds only when ``out_dir`` lacks a complete build with the same
@@ -490,10 +491,10 @@ def build_tiny_model(out_dir: Path | str, seed: int = 0, config: TinyModelConfig
 
 
 def _check_replaceable(out_dir: Path) -> None:
-    """Refuse to overwrite a non-empty directory that is not a tiny-model build."""
-    if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir()) and not (out_dir / BUILD_INFO).exists()
-                                                       and not (out_dir / "config.json").exists())):
-        raise FileExistsError(f"{out_dir} exists and is not a tiny-model build; refusing to replace it")
+    """Refuse to overwrite anything but an empty directory or an earlier tiny-model build."""
+    if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir()) and not (out_dir / BUILD_INFO).is_file())):
+        raise FileExistsError(f"{out_dir} exists and is not a tiny-model build (no {BUILD_INFO}); "
+                              "refusing to replace it")
 
 
 def ensure_tiny_model(out_dir: Path | str = DEFAULT_OUT_DIR, seed: int = 0, config: TinyModelConfig | None = None,
