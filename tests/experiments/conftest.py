@@ -111,6 +111,9 @@ def bandit_spec(tmp_path: Path):
     """Write a sweep spec on the tiny Bandit config and return its path."""
 
     def make(grid: dict[str, list[Any]], **fields: Any) -> Path:
+        # Staleness grids need the asynchronous runtime (the local loop is synchronous by definition).
+        if any(k.startswith("staleness.") for k in grid) and "runtime" not in fields.get("overrides", {}):
+            fields = {**fields, "overrides": {**fields.get("overrides", {}), "runtime": "ray"}}
         spec = {"name": "t", "base": str(TINY_BANDIT), "grid": grid, **fields}
         path = tmp_path / f"spec-{len(list(tmp_path.glob('spec-*.yaml')))}.yaml"
         path.write_text(yaml.safe_dump(spec, sort_keys=False))
