@@ -228,8 +228,6 @@ class SFTExample:
     tag: str
     token_ids: list[int]
     loss_mask: list[int]
-    group: int = 0
-    """Examples of one group (an episode and its antithetic twin) go into the same batch."""
 
 
 def _reply_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
@@ -249,9 +247,7 @@ def make_sft_examples(chat, config: TinyModelConfig, seed: int) -> list[SFTExamp
 
     Some turns are deliberately invalid replies (``sft_invalid_turn_prob``) whose tokens are taken out
     of the loss mask: they only provide the context of a turn after a mistake. A share of bandit
-    episodes (``bandit_rename_prob``) use other arm names. Bandit episodes come in antithetic pairs
-    (same level, same draws, the other arm), kept in the same batch: the arm choice is then exactly
-    balanced in every batch, so SGD noise cannot tilt the base policy towards one arm.
+    episodes (``bandit_rename_prob``) use other arm names.
     """
     from ragen_async.agent.episode import AgentLimits, play_episode
     from ragen_async.envs.bandit import BanditEnv
@@ -264,68 +260,54 @@ def make_sft_examples(chat, config: TinyModelConfig, seed: int) -> list[SFTExamp
     arm_names = tuple(sorted({name for env in envs.values() if isinstance(env, BanditEnv)
                               for name in (env.config.lo_arm_name, env.config.hi_arm_name)})) + corpus.ARM_NAMES
 
-    async def play(policy, env, tag: str, env_seed: int, group: int) -> SFTExample | None:
-        traj = await play_episode(policy, chat, env, tag, env_seed, limits)
-        mask = traj.loss_mask.tolist()
-        spans = _reply_spans(mask)
-        assert len(spans) == len(policy.history) == len(traj.turns), (len(spans), len(policy.history))
-        for (start, end), invalid, turn in zip(spans, policy.history, traj.turns, strict=True):
-            assert turn.format_ok != invalid, f"{tag}: scripted reply validity mismatch"
-            if invalid:
-                mask[start:end] = [0] * (end - start)
-        return SFTExample(tag, traj.token_ids.tolist(), mask, group) if any(mask) else None
-
     async def play_all() -> list[SFTExample]:
-        examples: list[SFTExample | None] = []
+        examples = []
         for t, tag in enumerate(config.env_tags):
             rng = random.Random(seed * 1_000 + t)
-            policy = corpus.RandomFormatPolicy(chat, config.sft_max_actions_per_turn,
+            policy = corpus.RandomFormatPolicy(chat, config.sft_max_actions_per_turn, seed=seed * 1_000 + t,
                                                invalid_turn_prob=config.sft_invalid_turn_prob,
                                                foreign_actions=foreign,
                                                agent_max_actions_per_turn=config.max_actions_per_turn)
-            bandit = isinstance(envs[tag], BanditEnv)
-            n_episodes = config.sft_episodes_per_tag * (config.sft_bandit_episode_factor if bandit else 1)
-            for i in range(n_episodes // 2 if bandit else n_episodes):
+            n_episodes = config.sft_episodes_per_tag * (
+                config.sft_bandit_episode_factor if isinstance(envs[tag], BanditEnv) else 1)
+            for i in range(n_episodes):
                 env = envs[tag]
-                if bandit and rng.random() < config.bandit_rename_prob:
+                if isinstance(env, BanditEnv) and rng.random() < config.bandit_rename_prob:
                     env = corpus.renamed_bandit(env, rng, arm_names)
+                policy.start_episode()
                 # Seeds far from the small ones evaluations use (the model learns nothing about levels anyway).
-                env_seed = 1_000_000 + seed * 100_000 + i
-                policy_seed = rng.getrandbits(63)
-                group = len(examples)
-                policy.start_episode(policy_seed)
-                examples.append(await play(policy, env, tag, env_seed, group))
-                if bandit and policy.actions:  # the antithetic twin: the other arm
-                    other = [a for a in env.valid_actions() if a != policy.actions[0][0]]
-                    policy.start_episode(policy_seed, forced_actions=[other[0]])
-                    examples.append(await play(policy, env, tag, env_seed, group))
-        return [e for e in examples if e is not None]
+                traj = await play_episode(policy, chat, env, tag, 1_000_000 + seed * 100_000 + i, limits)
+                mask = traj.loss_mask.tolist()
+                spans = _reply_spans(mask)
+                assert len(spans) == len(policy.history) == len(traj.turns), (len(spans), len(policy.history))
+                for (start, end), invalid, turn in zip(spans, policy.history, traj.turns, strict=True):
+                    assert turn.format_ok != invalid, f"{tag}: scripted reply validity mismatch"
+                    if invalid:
+                        mask[start:end] = [0] * (end - start)
+                if any(mask):
+                    examples.append(SFTExample(tag, traj.token_ids.tolist(), mask))
+        return examples
 
     return asyncio.run(play_all())
 
 
 def _batches(examples: list[SFTExample], batch_tokens: int, steps: int, rng: random.Random) -> Iterator[list[SFTExample]]:
-    """``steps`` batches of at most ``batch_tokens`` padded tokens (a group longer than that goes
-    alone): epochs of shuffled groups (an example and its antithetic twin stay together), bucketed by
-    length so short episodes pack many per batch."""
-    by_group: dict[int, list[int]] = {}
-    for i, e in enumerate(examples):
-        by_group.setdefault(e.group, []).append(i)
-    groups = list(by_group.values())
+    """``steps`` batches of at most ``batch_tokens`` padded tokens (an example longer than that goes
+    alone): epochs of shuffled examples, bucketed by length so short episodes pack many per batch."""
     produced = 0
     while True:
-        rng.shuffle(groups)
+        order = list(range(len(examples)))
+        rng.shuffle(order)
         batches: list[list[int]] = []
-        chunk = 128
-        for start in range(0, len(groups), chunk):
-            part = sorted(groups[start:start + chunk], key=lambda g: max(len(examples[i].token_ids) for i in g))
+        chunk = 256
+        for start in range(0, len(order), chunk):
+            part = sorted(order[start:start + chunk], key=lambda i: len(examples[i].token_ids))
             current: list[int] = []
-            for g in part:  # sorted ascending: the newest group holds the longest example
-                longest = max(len(examples[i].token_ids) for i in g)
-                if current and (len(current) + len(g)) * longest > batch_tokens:
+            for i in part:  # sorted ascending: the newest example is the longest
+                if current and (len(current) + 1) * len(examples[i].token_ids) > batch_tokens:
                     batches.append(current)
                     current = []
-                current += g
+                current.append(i)
             batches.append(current)
         rng.shuffle(batches)
         for b in batches:

@@ -69,15 +69,10 @@ def is_bandit(env: TextEnv) -> bool:
     return isinstance(env, BanditEnv)
 
 
-def random_actions(env: TextEnv, actions_left: int, max_actions_per_turn: int, rng: random.Random) -> list[str]:
-    """1..min(max, actions left) uniformly random valid actions (the count uniform too)."""
-    n = rng.randint(1, max(1, min(max_actions_per_turn, actions_left)))
-    return [env.random_action(rng) for _ in range(n)]
-
-
 def random_reply_text(env: TextEnv, actions_left: int, max_actions_per_turn: int, rng: random.Random) -> str:
     """A well-formed reply (after the forced ``<think>`` prefix) with 1..max uniformly random actions."""
-    actions = random_actions(env, actions_left, max_actions_per_turn, rng)
+    n = rng.randint(1, max(1, min(max_actions_per_turn, actions_left)))
+    actions = [env.random_action(rng) for _ in range(n)]
     return format_reply(actions, think=rng.choice(GENERIC_THOUGHTS))
 
 
@@ -106,11 +101,7 @@ class RandomFormatPolicy(ReplyPolicy):
 
     With probability ``invalid_turn_prob`` a turn gets an :func:`invalid_reply_text` instead;
     ``history`` records, per reply since the last :meth:`start_episode`, whether it was one (the SFT
-    loss mask leaves those replies out), and ``actions`` the actions of each valid reply.
-
-    ``start_episode(seed, forced_actions)`` reseeds the policy; replaying an episode with the same seed
-    and ``forced_actions`` (the actions of the first valid reply) gives the same episode with only
-    those actions changed — the antithetic twin the warm start pairs bandit episodes with."""
+    loss mask leaves those replies out)."""
 
     def __init__(self, chat: ChatFormat, max_actions_per_turn: int, seed: int = 0, invalid_turn_prob: float = 0.0,
                  foreign_actions: tuple[str, ...] = (), agent_max_actions_per_turn: int | None = None):
@@ -122,13 +113,9 @@ class RandomFormatPolicy(ReplyPolicy):
         self.foreign_actions = foreign_actions
         self.rng = random.Random(seed)
         self.history: list[bool] = []
-        self.actions: list[list[str]] = []
-        self.forced_actions: list[str] | None = None
 
-    def start_episode(self, seed: int | None = None, forced_actions: list[str] | None = None) -> None:
-        if seed is not None:
-            self.rng = random.Random(seed)
-        self.history, self.actions, self.forced_actions = [], [], forced_actions
+    def start_episode(self) -> None:
+        self.history = []
 
     async def reply(self, context_ids, env, actions_left, max_tokens, request_seed):
         invalid = self.rng.random() < self.invalid_turn_prob
@@ -136,11 +123,7 @@ class RandomFormatPolicy(ReplyPolicy):
             text = invalid_reply_text(env, actions_left, self.agent_max_actions_per_turn, self.rng,
                                       self.foreign_actions)
         else:
-            actions = random_actions(env, actions_left, self.max_actions_per_turn, self.rng)
-            if self.forced_actions is not None:  # same random draws, other actions
-                actions, self.forced_actions = self.forced_actions, None
-            self.actions.append(actions)
-            text = format_reply(actions, think=self.rng.choice(GENERIC_THOUGHTS))
+            text = random_reply_text(env, actions_left, self.max_actions_per_turn, self.rng)
         self.history.append(invalid)
         ids = self.chat.encode(text) + [self.chat.end_of_turn_id]
         return Generation(token_ids=ids, logprobs=[0.0] * len(ids), start_version=0, end_version=0,
