@@ -157,6 +157,7 @@ def test_sbatch_interrupts_the_trainer_on_sigterm(fake_slurm):
     while not started.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert started.exists(), "the driver never started"
+    time.sleep(1.0)  # let the batch script reach its `wait` (bash runs traps only between commands)
     proc.send_signal(signal.SIGTERM)  # what SLURM sends before the time limit (--signal=B:TERM@180)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 143, out
