@@ -196,6 +196,9 @@ class RunConfig(_Strict):
     name: str = "run"
     runtime: Literal["local", "ray"] = "local"
     total_steps: int = Field(200, ge=0)
+    time_budget_minutes: float | None = Field(None, gt=0)
+    """Also stop after this many minutes of training (validation excluded), at a step boundary, with
+    the usual final validation and checkpoint; ``total_steps`` stays the upper bound."""
     seed: int = 0
     run_root: str = "runs"
     checkpoint_every: int = Field(0, ge=0)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ragen_async.agent.chat import ChatFormat
+from ragen_async.budget import TrainingBudget
 from ragen_async.buffer import TrajectoryBuffer
 from ragen_async.config import RunConfig, load_config
 from ragen_async.inference.base import InferenceEngine
@@ -102,7 +103,10 @@ class LocalTrainer:
         last: dict[str, float] = {}
         if cfg.validation.every and self.start_step == 0:
             last = await self._validate_and_log(0)
+        budget = TrainingBudget(cfg.time_budget_minutes)
+        done = self.start_step
         for step in range(self.start_step, cfg.total_steps):
+            budget.start()
             t_step = time.perf_counter()
             t0 = time.perf_counter()
             groups = await asyncio.gather(*[self.worker.play_group(step * groups_per_step + j)
@@ -130,13 +134,20 @@ class LocalTrainer:
                 "throughput/tokens_per_s": float(sum(t.num_tokens for t in trajs)) / max(step_s, 1e-9),
                 "throughput/learner_tokens_per_s": learner_metrics.get("learner/num_tokens", 0.0) / max(train_s, 1e-9),
             })
+            record["timing/budget_spent_s"] = budget.spent_s
             self.sink.log(record)
             done = step + 1
-            if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.total_steps:
+            budget.pause()
+            final = done == cfg.total_steps or budget.exhausted
+            if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and not final:
                 save_checkpoint(self.run_dir, self.learner, done)
-            if cfg.validation.every and (done % cfg.validation.every == 0 or done == cfg.total_steps):
+            if cfg.validation.every and (done % cfg.validation.every == 0 or final):
                 last = await self._validate_and_log(done)
-        save_checkpoint(self.run_dir, self.learner, cfg.total_steps)
+            if final and done < cfg.total_steps:
+                log.warning("time budget of %.1f min spent after step %d of %d: stopping",
+                            cfg.time_budget_minutes, done, cfg.total_steps)
+                break
+        save_checkpoint(self.run_dir, self.learner, done)
         return last
 
     async def _validate_and_log(self, step: int) -> dict[str, float]:

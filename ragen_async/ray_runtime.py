@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from ragen_async.budget import TrainingBudget
 from ragen_async.buffer import TrajectoryBuffer
 from ragen_async.config import RunConfig
 from ragen_async.learner.actor import LearnerActor
@@ -224,7 +225,10 @@ class RayTrainer:
             last_val = await self.validate(0)
         await asyncio.gather(*[r.start.remote() for r in self.rollouts])
         prev_stats = await asyncio.gather(*[r.stats.remote() for r in self.rollouts])
+        budget = TrainingBudget(cfg.time_budget_minutes)
+        done = self.start_step
         for step in range(self.start_step, cfg.total_steps):
+            budget.start()
             t_step = time.perf_counter()
             await self._fill_buffer()
             wait_s = time.perf_counter() - t_step
@@ -254,13 +258,20 @@ class RayTrainer:
                            "throughput/tokens_per_s": n_tokens / max(step_s, 1e-9),
                            "throughput/learner_tokens_per_s": learner_metrics.get("learner/num_tokens", 0.0)
                            / max(train_s, 1e-9)})
+            record["timing/budget_spent_s"] = budget.spent_s
             self.sink.log(record)
             done = step + 1
-            if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.total_steps:
+            budget.pause()  # rollout actors keep playing during validation; only learner time is charged
+            final = done == cfg.total_steps or budget.exhausted
+            if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and not final:
                 await self.save(done)
-            if cfg.validation.every and (done % cfg.validation.every == 0 or done == cfg.total_steps):
+            if cfg.validation.every and (done % cfg.validation.every == 0 or final):
                 last_val = await self.validate(done)
-        await self.save(cfg.total_steps)
+            if final and done < cfg.total_steps:
+                log.warning("time budget of %.1f min spent after step %d of %d: stopping",
+                            cfg.time_budget_minutes, done, cfg.total_steps)
+                break
+        await self.save(done)
         return last_val
 
     def _rollout_metrics(self, batch_metrics: dict[str, float]) -> dict[str, float]:

@@ -86,6 +86,19 @@ def test_resume_continues_exactly(tiny_model_path, tmp_path):
         assert sink.records[0][key] == pytest.approx(straight[2][key], rel=1e-5, abs=1e-7), key
 
 
+def test_time_budget_stops_at_a_step_boundary_with_validation_and_checkpoint(tiny_model_path, tmp_path):
+    """A budget far below one step's time: exactly one step, then the final validation and checkpoint."""
+    cfg = bandit_cfg(tiny_model_path, tmp_path, "total_steps=50", "validation.every=10",
+                     "time_budget_minutes=1e-6")
+    engine = fake_bandit_engine(ChatFormat.from_pretrained(tiny_model_path))
+    run_dir, records, _ = run_local(cfg, engine)
+    steps = [r for r in records if "actor/grad_norm" in r]
+    assert [r["learner/step"] for r in steps] == [1]
+    assert steps[0]["timing/budget_spent_s"] > 0
+    assert [r["learner/step"] for r in records if "val/Bandit/success" in r] == [0, 1]
+    assert run_dir.latest_checkpoint().name == "step_000001"
+
+
 @pytest.mark.vllm
 def test_three_steps_with_vllm_and_weights_reach_the_engine(tiny_model_path, tmp_path):
     """After training, the engine serves the learner's weights: same log-probs for a probe sequence."""

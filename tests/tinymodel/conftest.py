@@ -1,11 +1,13 @@
 """Fixtures for the tiny-model builder tests: one built model per session.
 
-``artifacts/tiny-model`` is reused when it holds a complete build (it is only read); otherwise a quick
-build (few SFT steps, few episodes) goes into a temporary directory.
+``artifacts/tiny-model`` is reused when it holds a complete build (it is only read); otherwise, or with
+``RAGEN_TINYMODEL_FRESH_BUILD=1``, a quick build (few SFT steps, few episodes) goes into a temporary
+directory.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -26,7 +28,7 @@ SMALL = TinyModelConfig(hidden_size=64, num_attention_heads=2, num_key_value_hea
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    if is_complete_build(ARTIFACT):
+    if os.environ.get("RAGEN_TINYMODEL_FRESH_BUILD") != "1" and is_complete_build(ARTIFACT):
         return ARTIFACT
     return build_tiny_model(tmp_path_factory.mktemp("tinymodel") / "tiny-model", seed=0, **QUICK)
 

@@ -1,0 +1,48 @@
+"""The wall-clock training budget: charges only running spans, stops once the limit is reached."""
+
+from ragen_async.budget import TrainingBudget
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_no_limit_is_never_exhausted():
+    clock = FakeClock()
+    budget = TrainingBudget(None, clock)
+    budget.start()
+    clock.now += 1e9
+    assert not budget.exhausted
+    assert budget.spent_s == 1e9
+
+
+def test_paused_time_is_not_charged():
+    clock = FakeClock()
+    budget = TrainingBudget(1.0, clock)  # 60 s
+    budget.start()
+    clock.now += 40
+    budget.pause()
+    clock.now += 1000  # validation: free
+    assert budget.spent_s == 40 and not budget.exhausted
+    budget.start()
+    clock.now += 19.5
+    assert not budget.exhausted
+    clock.now += 0.5
+    assert budget.exhausted
+    budget.pause()
+    budget.pause()  # idempotent
+    assert budget.spent_s == 60
+
+
+def test_start_twice_does_not_reset_the_span():
+    clock = FakeClock()
+    budget = TrainingBudget(1.0, clock)
+    budget.start()
+    clock.now += 30
+    budget.start()
+    clock.now += 30
+    assert budget.spent_s == 60 and budget.exhausted
