@@ -126,12 +126,11 @@ def test_inflight_update_switches_version_mid_reply(random_tiny_qwen2, reference
 
 def test_stops_at_the_checkpoints_eos_by_default(random_tiny_qwen2, engine):
     eos_engine = HFEngine(random_tiny_qwen2)
-    assert eos_engine.eos_token_ids == (2,)  # generation_config.json of the fixture
-    for seed in range(40):
-        free = run(engine.generate(PROMPT, SamplingConfig(max_tokens=100, seed=seed)))
-        if 2 in free.token_ids:
-            break
-    else:
-        pytest.skip("EOS never sampled")
-    g = run(eos_engine.generate(PROMPT, SamplingConfig(max_tokens=100, seed=seed)))
-    assert g.token_ids == free.token_ids[: free.token_ids.index(2) + 1] and g.finish_reason == "stop"
+    assert eos_engine.eos_token_ids == (2,)  # read from the fixture's generation_config.json
+    free = run(engine.generate(PROMPT, SamplingConfig(max_tokens=40, seed=5)))
+    # A random model rarely samples id 2, so stand in a token the free run is known to sample: the
+    # stopping path is the same one the checkpoint's EOS takes.
+    eos = free.token_ids[20]
+    eos_engine.eos_token_ids = (eos,)
+    g = run(eos_engine.generate(PROMPT, SamplingConfig(max_tokens=40, seed=5)))
+    assert g.token_ids == free.token_ids[: free.token_ids.index(eos) + 1] and g.finish_reason == "stop"
