@@ -7,8 +7,11 @@ budget (it is the same for every run and would otherwise punish frequent evaluat
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 
 class TrainingBudget:
@@ -38,3 +41,13 @@ class TrainingBudget:
     @property
     def exhausted(self) -> bool:
         return self.limit_s is not None and self.spent_s >= self.limit_s
+
+    def is_last_step(self, done: int, total_steps: int) -> bool:
+        """Whether training ends after ``done`` steps: the step count is reached or the budget is spent."""
+        if done >= total_steps:
+            return True
+        if self.exhausted:
+            log.warning("time budget of %.1f min spent after step %d of %d: stopping",
+                        self.limit_s / 60.0, done, total_steps)
+            return True
+        return False

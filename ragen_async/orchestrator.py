@@ -138,14 +138,12 @@ class LocalTrainer:
             self.sink.log(record)
             done = step + 1
             budget.pause()
-            final = done == cfg.total_steps or budget.exhausted
+            final = budget.is_last_step(done, cfg.total_steps)
             if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and not final:
                 save_checkpoint(self.run_dir, self.learner, done)
             if cfg.validation.every and (done % cfg.validation.every == 0 or final):
                 last = await self._validate_and_log(done)
-            if final and done < cfg.total_steps:
-                log.warning("time budget of %.1f min spent after step %d of %d: stopping",
-                            cfg.time_budget_minutes, done, cfg.total_steps)
+            if final:
                 break
         save_checkpoint(self.run_dir, self.learner, done)
         return last

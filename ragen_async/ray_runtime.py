@@ -262,14 +262,12 @@ class RayTrainer:
             self.sink.log(record)
             done = step + 1
             budget.pause()  # rollout actors keep playing during validation; only learner time is charged
-            final = done == cfg.total_steps or budget.exhausted
+            final = budget.is_last_step(done, cfg.total_steps)
             if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and not final:
                 await self.save(done)
             if cfg.validation.every and (done % cfg.validation.every == 0 or final):
                 last_val = await self.validate(done)
-            if final and done < cfg.total_steps:
-                log.warning("time budget of %.1f min spent after step %d of %d: stopping",
-                            cfg.time_budget_minutes, done, cfg.total_steps)
+            if final:
                 break
         await self.save(done)
         return last_val

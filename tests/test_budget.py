@@ -46,3 +46,14 @@ def test_start_twice_does_not_reset_the_span():
     budget.start()
     clock.now += 30
     assert budget.spent_s == 60 and budget.exhausted
+
+
+def test_last_step_is_the_step_count_or_the_spent_budget():
+    clock = FakeClock()
+    budget = TrainingBudget(1.0, clock)
+    budget.start()
+    assert not budget.is_last_step(3, 10)
+    assert budget.is_last_step(10, 10)
+    clock.now += 60
+    assert budget.is_last_step(3, 10)
+    assert not TrainingBudget(None, clock).is_last_step(3, 10)
