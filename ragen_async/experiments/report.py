@@ -156,6 +156,13 @@ class RunData:
         value = _lookup(self.config, "total_steps")
         return int(value) if isinstance(value, int) else None
 
+    @property
+    def budget_spent(self) -> bool:
+        """Whether the run stopped on ``time_budget_minutes`` (its last step spent the budget)."""
+        minutes = _lookup(self.config, "time_budget_minutes")
+        spent = self.series("timing/budget_spent_s")[1]
+        return isinstance(minutes, (int, float)) and spent.size > 0 and spent[-1] >= 60.0 * minutes
+
     # ---------------------------------------------------------------- series
     def series(self, key: str, validation: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(steps, values) where ``key`` is a finite number."""
@@ -249,6 +256,8 @@ def _manifest_runs(path: Path, warnings: list[str]) -> list[tuple[str, dict[str,
 # ---------------------------------------------------------------------------- summaries
 @dataclass
 class EnvValidation:
+    first: float = math.nan
+    """At the first validation (normally step 0: the base policy)."""
     final: float = math.nan
     best: float = math.nan
     reached_at: int | None = None
@@ -276,6 +285,7 @@ class RunSummary:
     steps: int
     total_steps: int | None
     val: dict[str, EnvValidation]
+    first_val: float
     final_val: float
     best_val: float
     reached_at: int | None
@@ -303,7 +313,7 @@ def _validation(steps: np.ndarray, values: np.ndarray, threshold: float) -> EnvV
     if not values.size:
         return EnvValidation()
     reached = np.nonzero(values >= threshold)[0]
-    return EnvValidation(final=float(values[-1]), best=float(values.max()),
+    return EnvValidation(first=float(values[0]), final=float(values[-1]), best=float(values.max()),
                          reached_at=int(steps[reached[0]]) if reached.size else None)
 
 
@@ -334,11 +344,12 @@ def summarize(run: RunData, threshold: float = 0.9) -> RunSummary:
     std_first, std_last = _early_late(run.series("rollout/in_group_reward_std")[1])
     total = run.total_steps
     status = run.status or ("no metrics" if not run.train and not run.val
-                            else "complete" if total is not None and run.last_step >= total else "partial")
+                            else "complete" if total is not None and run.last_step >= total
+                            else "time budget" if run.budget_spent else "partial")
     return RunSummary(
         name=run.name, status=status, k=run.k, k_known=run.has_config, fixed_lag=run.fixed_lag,
         off_policy=run.off_policy, seed=run.seed, steps=run.last_step, total_steps=total, val=envs,
-        final_val=overall.final, best_val=overall.best, reached_at=overall.reached_at,
+        first_val=overall.first, final_val=overall.final, best_val=overall.best, reached_at=overall.reached_at,
         staleness_mean=_nanmean(run.series("staleness/mean")[1]),
         staleness_max=_nanmax(run.series("staleness/max")[1]),
         grad_norm_max=gmax, grad_norm_max_step=gmax_step, entropy_min=emin, entropy_min_step=emin_step,
@@ -380,14 +391,14 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
     return lines
 
 
-OVERVIEW = ("run", "k", "lag", "correction", "seed", "status", "steps", "final val", "best val",
+OVERVIEW = ("run", "k", "lag", "correction", "seed", "status", "steps", "first val", "final val", "best val",
             "val ≥ {t} at", "staleness mean / max", "max grad norm", "min entropy",
             "reward std first → last 10%", "k3 mismatch", "step s")
 
 
 def _overview_row(s: RunSummary) -> list[str]:
     return [s.name, s.k_label, s.lag_label, s.off_policy, MISSING if s.seed is None else str(s.seed), s.status,
-            _steps(s), _f(s.final_val), _f(s.best_val), MISSING if s.reached_at is None else str(s.reached_at),
+            _steps(s), _f(s.first_val), _f(s.final_val), _f(s.best_val), MISSING if s.reached_at is None else str(s.reached_at),
             f"{_f(s.staleness_mean, '.2f')} / {_f(s.staleness_max, '.0f')}", _f(s.grad_norm_max, '.3g'),
             _f(s.entropy_min, '.3g'), _trend(s.reward_std_first, s.reward_std_last), _f(s.k3_mismatch, '.2e'),
             _f(s.step_time, '.2f')]
@@ -400,9 +411,10 @@ def _run_section(run: RunData, s: RunSummary, threshold: float) -> list[str]:
                 else "settings unknown (no config.yaml)")
     lines += [f"{where} · {s.status} · {_steps(s)} steps · {settings}", ""]
     if s.val:
-        rows = [(env, _f(v.final), _f(v.best), MISSING if v.reached_at is None else v.reached_at)
+        rows = [(env, _f(v.first), _f(v.final), _f(v.best), MISSING if v.reached_at is None else v.reached_at)
                 for env, v in s.val.items()]
-        lines += _table(("validation env", "final success", "best success", f"first step ≥ {threshold:g}"), rows)
+        lines += _table(("validation env", "first success", "final success", "best success",
+                         f"first step ≥ {threshold:g}"), rows)
     else:
         lines.append("No validation records.")
     lines.append("")
@@ -423,14 +435,15 @@ def _csv_rows(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
     for s in summaries:
         row: dict[str, Any] = {
             "run": s.name, "k": s.k_label, "fixed_lag": s.fixed_lag, "off_policy": s.off_policy, "seed": s.seed,
-            "status": s.status, "steps": s.steps, "total_steps": s.total_steps, "final_val": s.final_val,
+            "status": s.status, "steps": s.steps, "total_steps": s.total_steps, "first_val": s.first_val,
+            "final_val": s.final_val,
             "best_val": s.best_val, "val_reached_at": s.reached_at, "staleness_mean": s.staleness_mean,
             "staleness_max": s.staleness_max, "grad_norm_max": s.grad_norm_max, "entropy_min": s.entropy_min,
             "reward_std_first": s.reward_std_first, "reward_std_last": s.reward_std_last,
             "k3_mismatch": s.k3_mismatch, "step_time_s": s.step_time,
         }
         for env, v in s.val.items():
-            row[f"val_{env}_final"], row[f"val_{env}_best"] = v.final, v.best
+            row[f"val_{env}_first"], row[f"val_{env}_final"], row[f"val_{env}_best"] = v.first, v.final, v.best
         rows.append(row)
     return rows
 

@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+import yaml
 
 from ragen_async.experiments.report import (
     ReportError,
@@ -43,7 +44,7 @@ def test_the_report_has_a_row_and_a_section_per_run(sweep_like, tmp_path):
     row = dict(zip(header, overview["k0-s0"], strict=True))
     assert row["k"] == "0" and row["lag"] == "bounded" and row["steps"] == "20/20" and row["status"] == "complete"
     assert row["val ≥ 0.9 at"] == "15"  # 0.3 + step/20 first reaches 0.9 at the step-15 validation
-    assert row["final val"] == "1.000"
+    assert row["first val"] == "0.300" and row["final val"] == "1.000"
     fixed = dict(zip(header, overview["k2-fixed-tis-s0"], strict=True))
     assert (fixed["lag"], fixed["correction"], fixed["val ≥ 0.9 at"]) == ("fixed", "tis", "—")
     assert fixed["staleness mean / max"] == "1.00 / 2"
@@ -59,7 +60,7 @@ def test_the_report_has_a_row_and_a_section_per_run(sweep_like, tmp_path):
 def test_per_run_tables_hold_the_collapse_indicators(sweep_like, tmp_path):
     md = write_report([sweep_like / "k0-s0"], tmp_path / "out").markdown.read_text()
     section = md.split("### k0-s0")[1]
-    assert "| Bandit | 1.000 | 1.000 | 15 |" in section
+    assert "| Bandit | 0.300 | 1.000 | 1.000 | 15 |" in section
     assert "| max grad norm | 2.5 (step 10) |" in section
     assert "| min entropy | 0.5 (step 20) |" in section
     assert "| in-group reward std, first → last 10% of steps | 0.470 → 0.110 (-77%) |" in section
@@ -153,3 +154,13 @@ def test_a_folder_of_sweeps_keeps_manifest_names_and_tells_clashes_apart(tmp_pat
     runs, _ = find_runs([tmp_path])
     assert sorted(r.name for r in runs) == ["loose-run", "sweep-a/k1-s0", "sweep-b/k1-s0"]
     assert {r.status for r in runs if "k1" in r.name} == {"done"}
+
+
+def test_a_run_stopped_by_its_time_budget_is_not_called_partial(tmp_path, make_run):
+    spent = {step: {"timing/budget_spent_s": 20.0 * step} for step in range(1, 7)}
+    path = make_run(tmp_path / "budget", steps=6, extra=spent)
+    config = yaml.safe_load((path / "config.yaml").read_text())
+    (path / "config.yaml").write_text(yaml.safe_dump({**config, "total_steps": 1000, "time_budget_minutes": 2}))
+    assert summarize(RunData.load(path)).status == "time budget"  # 6 steps x 20 s = the 2 minutes
+    (path / "config.yaml").write_text(yaml.safe_dump({**config, "total_steps": 1000, "time_budget_minutes": 3}))
+    assert summarize(RunData.load(path)).status == "partial"  # stopped before its budget: crashed or killed
