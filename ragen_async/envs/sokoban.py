@@ -61,6 +61,9 @@ class SokobanConfig:
     """Length of the reverse-play walk that scrambles the solved state; longer walks give harder levels."""
     solvable_within_budget: bool = True
     """Only keep levels whose shortest solution fits in ``max_actions_per_episode`` (RAGEN does not check)."""
+    step_reward: float = STEP_REWARD
+    """Reward of every move (gym_sokoban's -0.1). 0 removes the move penalty: a policy that never places
+    a box can then no longer improve its return by moving less (see docs/results.md)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dim_room", tuple(self.dim_room))  # YAML and JSON give lists
@@ -235,6 +238,8 @@ class SokobanEnv(TextEnv):
 
     def __init__(self, **config: Any) -> None:
         self.config = build_config(SokobanConfig, config)
+        if self.config.step_reward == 0:
+            self.instructions = self.instructions.replace("Each move costs a little, a", "A")
         self.max_actions_per_episode = self.config.max_actions_per_episode
         self._room: Room | None = None
         self._state: State = (0, frozenset())
@@ -259,7 +264,7 @@ class SokobanEnv(TextEnv):
             self._plan, self._plan_from = self._plan[1:], self._state
 
         on_target_change = len(self._state[1] & self._room.targets) - len(before[1] & self._room.targets)
-        reward = STEP_REWARD + BOX_ON_TARGET_REWARD * on_target_change
+        reward = self.config.step_reward + BOX_ON_TARGET_REWARD * on_target_change
         if self.success:
             reward += SOLVED_REWARD
         self._terminated = self.success

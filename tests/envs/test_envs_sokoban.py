@@ -189,3 +189,14 @@ def test_config_validation():
     with pytest.raises(ValueError, match="num_boxes"):
         SokobanEnv(num_boxes=0)
     assert SokobanEnv(dim_room=[7, 5]).config.dim_room == (7, 5)
+
+
+def test_step_reward_is_configurable_and_the_prompt_follows_it():
+    default, free = SokobanEnv(), SokobanEnv(step_reward=0.0)
+    assert "Each move costs a little" in default.instructions
+    assert "costs" not in free.instructions and "A box placed on a target earns a reward" in free.instructions
+    for env in (default, free):
+        env.reset(seed=7)
+    plan = default.oracle_actions(default.max_actions_per_episode)
+    totals = [sum(env.step(action)[1] for action in plan) for env in (default, free)]
+    assert totals == pytest.approx([-0.1 * len(plan) + 11.0, 11.0])
