@@ -462,17 +462,25 @@ MAX_RUN_LEGEND = 12
 
 
 def _k_colors(runs: Sequence[RunData]) -> dict[Any, Any]:
-    """A colour per ``max_staleness``: viridis over the finite k, red for unbounded, grey for unknown."""
+    """A colour per ``max_staleness``: viridis over the finite k, red for unbounded, grey for unknown;
+    a colour per run instead when every run has the same k."""
     from matplotlib import colormaps
 
     ks = sorted({r.k for r in runs if r.has_config and r.k is not None})
     cmap = colormaps["viridis"]
     colors: dict[Any, Any] = {k: cmap(x) for k, x in zip(ks, np.linspace(0.05, 0.85, max(len(ks), 1)), strict=False)}
     colors[None], colors["?"] = "tab:red", "0.55"
+    if len({r.k if r.has_config else "?" for r in runs}) == 1 and len(runs) <= MAX_RUN_LEGEND:
+        # One k for all (a method or seed comparison): colour by k would draw every run alike, and
+        # the legend names each run, so give each its own colour.
+        tab10 = colormaps["tab10"]
+        colors.update({("run", r.name): tab10(i % 10) for i, r in enumerate(runs)})
     return colors
 
 
 def _color(run: RunData, colors: dict[Any, Any]) -> Any:
+    if ("run", run.name) in colors:
+        return colors["run", run.name]
     return colors[run.k] if run.has_config else colors["?"]
 
 
