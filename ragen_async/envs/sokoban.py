@@ -63,7 +63,8 @@ class SokobanConfig:
     """Only keep levels whose shortest solution fits in ``max_actions_per_episode`` (RAGEN does not check)."""
     step_reward: float = STEP_REWARD
     """Reward of every move (gym_sokoban's -0.1). 0 removes the move penalty: a policy that never places
-    a box can then no longer improve its return by moving less (see docs/results.md)."""
+    a box can then no longer improve its return by moving less (see docs/results.md). The prompt only
+    mentions a move cost when this is negative."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dim_room", tuple(self.dim_room))  # YAML and JSON give lists
@@ -219,12 +220,14 @@ def generate_level(rng: np.random.Generator, config: SokobanConfig) -> tuple[Roo
 class SokobanEnv(TextEnv):
     """Text Sokoban on a generated level; the oracle replays a cached shortest solution."""
 
-    instructions = (
+    _rules = (
         "You are the warehouse keeper P in a Sokoban puzzle. Move Up, Down, Left or Right. Walking into a "
         "box pushes it one cell forward, but only if that cell is free; you can never pull a box, so a box "
         "pushed into a corner or against a wall may be stuck for good. Put every box on a target to win. "
-        "Each move costs a little, a box placed on a target earns a reward, and finishing earns a bonus."
     )
+    # The prompt states the reward rules the episode actually uses (step_reward < 0 or not).
+    instructions = _rules + "Each move costs a little, a box placed on a target earns a reward, and finishing earns a bonus."
+    _instructions_free_moves = _rules + "A box placed on a target earns a reward, and finishing earns a bonus."
     grid_vocab = {
         "#": "wall",
         "_": "empty floor",
@@ -238,8 +241,8 @@ class SokobanEnv(TextEnv):
 
     def __init__(self, **config: Any) -> None:
         self.config = build_config(SokobanConfig, config)
-        if self.config.step_reward == 0:
-            self.instructions = self.instructions.replace("Each move costs a little, a", "A")
+        if self.config.step_reward >= 0:
+            self.instructions = self._instructions_free_moves
         self.max_actions_per_episode = self.config.max_actions_per_episode
         self._room: Room | None = None
         self._state: State = (0, frozenset())

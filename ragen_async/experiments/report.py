@@ -461,7 +461,7 @@ MARKERS = {"none": "o", "tis": "s", "decoupled": "^"}
 MAX_RUN_LEGEND = 12
 
 
-def _k_colors(runs: Sequence[RunData]) -> dict[Any, Any]:
+def _run_colors(runs: Sequence[RunData]) -> dict[Any, Any]:
     """A colour per ``max_staleness``: viridis over the finite k, red for unbounded, grey for unknown;
     a colour per run instead when every run has the same k."""
     from matplotlib import colormaps
@@ -524,7 +524,7 @@ def plot_curves(runs: Sequence[RunData], out: Path, smooth: int = 1) -> list[Pat
     """One PNG per curve in :data:`CURVES` that any run has data for."""
     from matplotlib.figure import Figure
 
-    colors = _k_colors(runs)
+    colors = _run_colors(runs)
     ordered = sorted(runs, key=lambda r: (not r.has_config, math.inf if r.k is None else r.k, r.name))
     written = []
     for slug, title, key in CURVES:

@@ -167,14 +167,14 @@ def test_a_run_stopped_by_its_time_budget_is_not_called_partial(tmp_path, make_r
 
 
 def test_curves_colour_by_k_and_by_run_when_k_is_shared(tmp_path, make_run):
-    from ragen_async.experiments.report import _color, _k_colors
+    from ragen_async.experiments.report import _color, _run_colors
 
     def runs(*ks):
         return [RunData.load(make_run(tmp_path / f"r{i}-k{k}", steps=2, k=k)) for i, k in enumerate(ks)]
 
     mixed = runs(0, 0, 2)  # a staleness comparison: colour says k
-    colors = _k_colors(mixed)
+    colors = _run_colors(mixed)
     assert _color(mixed[0], colors) == _color(mixed[1], colors) != _color(mixed[2], colors)
     shared = runs(1, 1, 1)
-    colors = _k_colors(shared)  # a method comparison at one k: each run its own colour
+    colors = _run_colors(shared)  # a method comparison at one k: each run its own colour
     assert len({_color(r, colors) for r in shared}) == 3
