@@ -6,9 +6,10 @@ Job, in order, for every learner step:
    already too old for the learner's current version, and again when a batch is taken. Staleness only
    grows as the learner advances, so a group dropped as too stale could never have become usable. Drops
    are never silent: they are counted in the step's metrics and queued as :class:`DropRecord`\\ s that
-   the caller drains (:meth:`TrajectoryBuffer.drain_drops`) to return the slots to the admission controller.
+   the caller drains (:meth:`TrajectoryBuffer.drain_drops`, the only drop channel) to return each slot to
+   the admission controller exactly once.
 2. **Deterministic selection.** A batch is the ``groups_per_step`` waiting groups with the lowest global
-   sequence index (see :func:`group_index`), in index order, so it does not depend on the order in which
+   sequence index (``TrajectoryGroup.index``), in index order, so it does not depend on the order in which
    groups happened to arrive. Lowest index first also means oldest first, which keeps staleness low. The
    learner does not wait for missing indices: a slow group is overtaken by younger ones and trained on
    later, which is where the staleness gate above can catch it.
@@ -40,9 +41,10 @@ import torch
 from ragen_async.algo.advantages import GROUP_NORM_MODES, group_normalize
 from ragen_async.algo.filtering import FILTER_MODES, select_groups_by_reward_std
 from ragen_async.protocol import BatchShard, Trajectory, TrajectoryGroup
-from ragen_async.staleness import StalenessStats, group_staleness, parse_group_id
+from ragen_async.staleness import StalenessStats, group_staleness
 
 __all__ = [
+    "Batch",
     "BufferNotReady",
     "DropRecord",
     "TrajectoryBuffer",
@@ -58,13 +60,8 @@ _HIST_MAX_UNBOUNDED = 16
 
 
 def group_index(group: TrajectoryGroup) -> int:
-    """The group's global sequence index, parsed from its id.
-
-    Convention: the rollout side names each group after the index the admission controller gave it,
-    ``staleness.format_group_id(index)`` → ``"g00000042"`` (an optional suffix after the digits is
-    ignored). Raises ``ValueError`` for ids that do not follow it.
-    """
-    return parse_group_id(group.group_id)
+    """The group's global sequence index (carried by the group itself, set by admission control)."""
+    return group.index
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +74,22 @@ class DropRecord:
     learner_version: int
     where: DropSite
     reason: DropReason
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """What one learner step trains on, as the buffer assembled it."""
+
+    shards: list[BatchShard]
+    """One per learner rank (``shards[r].rank == r``)."""
+    groups: list[TrajectoryGroup]
+    """The ``groups_per_step`` groups taken, before the StarPO-S filter (all of them are consumed)."""
+    metrics: dict[str, float]
+    """``filter/*``, ``batch/*``, ``rollout/queue_groups``, ``rollout/buffer_wait_s``, ``staleness/*``."""
+
+    @property
+    def indices(self) -> list[int]:
+        return [g.index for g in self.groups]
 
 
 class BufferNotReady(RuntimeError):
@@ -166,8 +179,6 @@ class TrajectoryBuffer:
                 "get no data; raise groups_per_step, group_size or filter_ratio"
             )
 
-        self.last_groups: list[TrajectoryGroup] = []
-        """The groups (before filtering) the last batch was assembled from, for rollout statistics."""
         self._waiting: dict[int, TrajectoryGroup] = {}
         self._arrived_at: dict[int, float] = {}
         self._learner_version = 0
@@ -187,7 +198,8 @@ class TrajectoryBuffer:
         return self._dropped_total
 
     def drain_drops(self) -> list[DropRecord]:
-        """Drops since the last call; pass ``len(...)`` to ``AdmissionController.on_dropped``."""
+        """Drops since the last call: the one channel through which drops reach admission control
+        (``AdmissionController.on_dropped([d.index for d in drops])``)."""
         drops, self._drops = self._drops, []
         return drops
 
@@ -231,14 +243,15 @@ class TrajectoryBuffer:
     # -- producer side -----------------------------------------------------------------------------
 
     def add(self, group: TrajectoryGroup, learner_version: int, now: float) -> bool:
-        """Queue a finished group; ``False`` if it was dropped as already too stale (see :meth:`drain_drops`).
+        """Queue a finished group; ``False`` if it was dropped as already too stale. The drop is reported
+        through :meth:`drain_drops` like every other: do not also count the ``False``.
 
         ``learner_version`` is the learner's current version: the earliest version the group could be
         consumed at, so a group over the bound now is over it forever. ``now`` (the caller's clock) is
         the arrival time, for ``rollout/buffer_wait_s``.
 
         Raises:
-            ValueError: the group id does not carry an index, or a group with the same index is waiting.
+            ValueError: a group with the same index is waiting.
         """
         index = group_index(group)
         if index in self._waiting:
@@ -282,12 +295,11 @@ class TrajectoryBuffer:
             self._waiting[group_index(group)] = group
             self._arrived_at[group_index(group)] = t
 
-    def next_batch(self, learner_version: int, step: int, now: float) -> tuple[list[BatchShard], dict[str, float]]:
+    def next_batch(self, learner_version: int, step: int, now: float) -> Batch:
         """Assemble the batch the learner at ``learner_version`` trains on at ``step``.
 
         Returns:
-            ``(shards, metrics)``: one :class:`BatchShard` per rank (``shards[r].rank == r``), and the
-            step's metrics: ``filter/*`` (StarPO-S), ``rollout/queue_groups`` (groups still waiting),
+            a :class:`Batch`: one :class:`BatchShard` per rank, the groups taken, and the step's metrics: ``filter/*`` (StarPO-S), ``rollout/queue_groups`` (groups still waiting),
             ``batch/*``, ``rollout/buffer_wait_s`` (mean time the taken groups spent in the buffer) and the
             :class:`~ragen_async.staleness.StalenessStats` summary of the kept groups (those trained on)
             plus the groups dropped since the previous batch.
@@ -352,5 +364,4 @@ class TrajectoryBuffer:
             }
         )
         metrics.update(self._stats.summary())
-        self.last_groups = groups
-        return shards, metrics
+        return Batch(shards=shards, groups=groups, metrics=metrics)

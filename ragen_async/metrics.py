@@ -78,11 +78,16 @@ def resolve_wandb_mode(configured: str) -> str:
 
 
 class WandbSink(MetricsSink):
+    """A W&B run plotted against ``learner/step``. After a resume, records whose ``learner/step`` is at
+    most ``skip_until_step`` (points the run already has from before the interruption) are not sent
+    again, so no step appears twice."""
+
     def __init__(self, run_dir: Path, config: dict[str, Any], mode: str, project: str, entity: str | None,
-                 name: str, resume_id: str | None = None):
+                 name: str, resume_id: str | None = None, skip_until_step: int = -1):
         import wandb
 
         self._wandb = wandb
+        self.skip_until_step = skip_until_step
         self.run = wandb.init(project=project, entity=entity, name=name, config=config, mode=mode,
                               dir=str(run_dir), id=resume_id, resume="allow" if resume_id else None)
         if mode != "disabled":
@@ -95,6 +100,8 @@ class WandbSink(MetricsSink):
         return getattr(self.run, "id", None)
 
     def log(self, record):
+        if record.get("learner/step", self.skip_until_step + 1) <= self.skip_until_step:
+            return
         self.run.log({k: _clean(v) for k, v in record.items() if _clean(v) is not None})
 
     def close(self, exit_code: int = 0):

@@ -1,20 +1,25 @@
-"""The orchestrator: builds every component from the config and owns a run's lifecycle.
+"""The orchestrator: the one training loop, for every runtime.
 
-Two runtimes share all the plain classes below it:
+Setup wires the parts (config -> run directory, metrics sinks, runtime, trajectory buffer); then
+:meth:`Trainer.run` drives them top to bottom, once per learner step::
 
-* ``local`` — the synchronous reference loop in one process: roll out ``groups_per_step`` groups
-  with the engine, filter, compute advantages, update, load the new weights into the engine, log.
-  It is staleness 0 by construction and is what the asynchronous runtime must reproduce at k = 0.
-* ``ray`` — rollout actors, trajectory buffer and learner pool as separate processes
-  (``ragen_async.ray_runtime``), connected by ZeroMQ and torch.distributed.
+    collect a batch (runtime.receive -> buffer: staleness gate, filter, shards; admission learns
+    which groups were consumed or dropped) -> train (runtime.train: version v+1) -> publish
+    (v+1, or v+1-k under fixed lag) and open admission for v+1 -> log -> checkpoint / validate
 
-A run directory holds the resolved config, ``metrics.jsonl``, checkpoints and logs; ``--resume``
-continues from its latest checkpoint.
+The runtime (``runtime.py``: local, in one process; ``ray_runtime.py``: Ray actors, ZeroMQ,
+gloo/NCCL) is the only thing that differs between ``runtime: local`` and ``runtime: ray``.
+Validation, checkpoints, the time budget, resume and the weight-sync probe exist here, once.
+
+A checkpoint holds the learner side (``runtime.save``) plus ``driver_state.json`` (step, version,
+admission state); ``--resume`` continues exactly from it: outstanding groups are replayed under their
+own index and seed, and metrics/provenance records past the checkpoint are rewound.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -23,28 +28,28 @@ from typing import Any
 
 import numpy as np
 
-from ragen_async.agent.chat import ChatFormat
 from ragen_async.budget import TrainingBudget
-from ragen_async.buffer import TrajectoryBuffer
+from ragen_async.buffer import Batch, TrajectoryBuffer
 from ragen_async.config import RunConfig, load_config
-from ragen_async.inference.base import InferenceEngine
-from ragen_async.learner.learner import Learner
 from ragen_async.metrics import ConsoleSink, JsonlSink, MetricsSink, MultiSink, WandbSink, resolve_wandb_mode
-from ragen_async.provenance import ProvenanceLog
-from ragen_async.rollout.engines import make_engine
-from ragen_async.rollout.worker import RolloutWorker, rollout_metrics, validate_engine
+from ragen_async.provenance import ProvenanceLog, rewind_jsonl
+from ragen_async.rollout.worker import rollout_metrics
 from ragen_async.rundir import RunDir, checkpoint_path, save_checkpoint_marker
+from ragen_async.runtime import Runtime, probe_ids
 
 log = logging.getLogger(__name__)
 
+DRIVER_STATE = "driver_state.json"
 
-def make_sink(cfg: RunConfig, run_dir: RunDir) -> MetricsSink:
+
+def make_sink(cfg: RunConfig, run_dir: RunDir, skip_wandb_until: int = -1) -> MetricsSink:
     sinks: list[MetricsSink] = [JsonlSink(run_dir.metrics_path)]
     mode = resolve_wandb_mode(cfg.logging.wandb_mode)
     if mode != "disabled":
         state = run_dir.read_state()
         wandb_sink = WandbSink(run_dir.path, cfg.model_dump(mode="json"), mode, cfg.logging.wandb_project,
-                               cfg.logging.wandb_entity, run_dir.path.name, resume_id=state.get("wandb_id"))
+                               cfg.logging.wandb_entity, run_dir.path.name, resume_id=state.get("wandb_id"),
+                               skip_until_step=skip_wandb_until)
         run_dir.write_state(**{**state, "wandb_id": wandb_sink.run_id})
         sinks.append(wandb_sink)
     if cfg.logging.console:
@@ -52,153 +57,212 @@ def make_sink(cfg: RunConfig, run_dir: RunDir) -> MetricsSink:
     return MultiSink(sinks)
 
 
-def save_checkpoint(run_dir: RunDir, learner: Learner, step: int) -> Path:
-    path = checkpoint_path(run_dir, step)
-    learner.save_checkpoint(path, extra={"step": step})
-    save_checkpoint_marker(path)
-    return path
+def make_buffer(cfg: RunConfig) -> TrajectoryBuffer:
+    return TrajectoryBuffer(
+        groups_per_step=cfg.rollout.groups_per_step, max_staleness=cfg.staleness.max_staleness,
+        filter_mode=cfg.algo.filter_mode, filter_ratio=cfg.algo.filter_ratio, norm_mode=cfg.algo.grpo_norm,
+        num_ranks=cfg.learner.num_ranks if cfg.runtime == "ray" else 1, fixed_lag=cfg.staleness.fixed_lag,
+        group_size=cfg.rollout.group_size)
 
 
-# ---------------------------------------------------------------------------- local runtime
-class LocalTrainer:
-    """The synchronous single-process reference loop (staleness 0)."""
+def make_runtime(cfg: RunConfig) -> Runtime:
+    if cfg.runtime == "ray":
+        from ragen_async.ray_runtime import RayRuntime
 
-    def __init__(self, cfg: RunConfig, run_dir: RunDir, sink: MetricsSink, engine: InferenceEngine | None = None):
-        self.cfg, self.run_dir, self.sink = cfg, run_dir, sink
-        self.chat = ChatFormat.from_pretrained(cfg.model.path, enable_think=cfg.agent.enable_think)
-        self.learner = Learner(cfg)
-        self.engine = engine if engine is not None else make_engine(cfg, seed=cfg.seed)
-        self.worker = RolloutWorker(cfg, self.engine, self.chat)
-        self.buffer = TrajectoryBuffer(
-            groups_per_step=cfg.rollout.groups_per_step, max_staleness=0, filter_mode=cfg.algo.filter_mode,
-            filter_ratio=cfg.algo.filter_ratio, norm_mode=cfg.algo.grpo_norm, num_ranks=1)
-        self.start_step = 0
+        return RayRuntime(cfg)
+    import torch
+
+    from ragen_async.runtime import LocalRuntime
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    return LocalRuntime(cfg)
+
+
+class Trainer:
+    """Owns one run: the loop, the buffer, provenance, checkpoints; the runtime does the placing."""
+
+    def __init__(self, cfg: RunConfig, run_dir: RunDir, sink: MetricsSink, runtime: Runtime):
+        self.cfg, self.run_dir, self.sink, self.runtime = cfg, run_dir, sink, runtime
+        self.buffer = make_buffer(cfg)
         self.provenance = ProvenanceLog(run_dir.path / "provenance.jsonl" if cfg.record_provenance else None)
+        self.start_step = 0
+        self.version = 0
         self.syncs = 0
 
-    def resume(self, checkpoint: Path) -> None:
-        extra = self.learner.load_checkpoint(checkpoint)
-        self.start_step = int(extra["step"])
-        log.info("resumed from %s at step %d (policy version %d)", checkpoint, self.start_step,
-                 self.learner.policy_version)
-
-    async def _publish(self) -> dict[str, float]:
-        t0 = time.perf_counter()
-        await self.engine.load_state_dict(self.learner.named_weights(), self.learner.policy_version)
-        out = {"weight_sync/time_s": time.perf_counter() - t0}
-        self.syncs += 1
-        every = self.cfg.weight_sync.verify_every
-        if every and self.syncs % every == 0:
-            probe = np.random.default_rng(0).integers(0, self.learner.actor.config.vocab_size, size=48).tolist()
-            engine_lp = np.asarray((await self.engine.prompt_logprobs(probe))[1:])
-            learner_lp = np.asarray(self.learner.probe_logprobs(probe)[1:])
-            out["weight_sync/probe_max_abs_diff"] = float(np.max(np.abs(engine_lp - learner_lp)))
-        return out
-
+    # ------------------------------------------------------------------ the loop
     async def run(self) -> dict[str, float]:
-        cfg = self.cfg
-        if self.learner.policy_version > 0:
-            await self._publish()
-        groups_per_step = cfg.rollout.groups_per_step
-        last: dict[str, float] = {}
+        cfg, rt = self.cfg, self.runtime
+        last_val: dict[str, float] = {}
+        if self.version > 0:
+            await self.publish()
         if cfg.validation.every and self.start_step == 0:
-            last = await self._validate_and_log(0)
+            last_val = await self.validate(0)
+        await rt.start()
+        prev_stats = await rt.rollout_stats()
         budget = TrainingBudget(cfg.time_budget_minutes)
         done = self.start_step
         for step in range(self.start_step, cfg.total_steps):
             budget.start()
             t_step = time.perf_counter()
+            batch = await self.collect(step)
+            wait_s = time.perf_counter() - t_step
             t0 = time.perf_counter()
-            groups = await asyncio.gather(*[self.worker.play_group(step * groups_per_step + j)
-                                            for j in range(groups_per_step)])
-            gen_s = time.perf_counter() - t0
-            now = time.time()
-            for g in groups:
-                self.buffer.add(g, self.learner.policy_version, now)
-            shards, batch_metrics = self.buffer.next_batch(self.learner.policy_version, step, now)
-            self.provenance.write(step + 1, self.learner.policy_version, self.buffer.last_groups, shards)
-            t0 = time.perf_counter()
-            learner_metrics = self.learner.train_step(shards[0])
+            result = await rt.train(batch.shards)
             train_s = time.perf_counter() - t0
-            sync_metrics = await self._publish()
-
-            record: dict[str, Any] = {"learner/step": step + 1, "policy_version": self.learner.policy_version}
-            trajs = [t for g in groups for t in g.trajectories]
-            record.update(batch_metrics)
-            record.update(rollout_metrics(self.buffer.last_groups))
-            record.update(learner_metrics)
+            self.version = result.version
+            sync = await self.publish()
+            stats = await rt.rollout_stats()
             step_s = time.perf_counter() - t_step
-            record.update({
-                **sync_metrics, "timing/gen_s": gen_s, "timing/train_s": train_s,
-                "timing/step_s": step_s,
-                "throughput/tokens_per_s": float(sum(t.num_tokens for t in trajs)) / max(step_s, 1e-9),
-                "throughput/learner_tokens_per_s": learner_metrics.get("learner/num_tokens", 0.0) / max(train_s, 1e-9),
-            })
-            record["timing/budget_spent_s"] = budget.spent_s
-            self.sink.log(record)
-            done = step + 1
-            budget.pause()
+            self.sink.log(self.record(step + 1, batch, result.metrics, sync, prev_stats, stats, wait_s, train_s,
+                                      step_s, budget.spent_s, await rt.admission.state()))
+            prev_stats, done = stats, step + 1
+            budget.pause()  # producers keep playing during validation; only learner time is charged
             final = budget.is_last_step(done, cfg.total_steps)
             if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and not final:
-                save_checkpoint(self.run_dir, self.learner, done)
+                await self.save(done)
             if cfg.validation.every and (done % cfg.validation.every == 0 or final):
-                last = await self._validate_and_log(done)
+                last_val = await self.validate(done)
             if final:
                 break
-        save_checkpoint(self.run_dir, self.learner, done)
-        return last
+        await self.save(done)
+        return last_val
 
-    async def _validate_and_log(self, step: int) -> dict[str, float]:
+    # ------------------------------------------------------------------ the loop's parts
+    async def collect(self, step: int) -> Batch:
+        """Receive groups until the buffer can assemble this step's batch; report every drop once."""
+        while not self.buffer.ready(self.version):
+            group = await self.runtime.receive(0.2)
+            if group is not None:
+                self.buffer.add(group, self.version, time.time())
+            await self._report(consumed=[])
+        batch = self.buffer.next_batch(self.version, step, time.time())
+        await self._report(consumed=batch.indices)
+        self.provenance.write(step + 1, self.version, batch.groups, batch.shards)
+        return batch
+
+    async def _report(self, consumed: list[int]) -> None:
+        dropped = [d.index for d in self.buffer.drain_drops()]
+        if consumed or dropped:
+            await self.runtime.admission.resolve(consumed, dropped)
+
+    def published_version(self) -> int:
+        """What the engines serve at learner version v: v, or v - k under fixed lag."""
+        if self.cfg.staleness.fixed_lag:
+            return max(0, self.version - (self.cfg.staleness.max_staleness or 0))
+        return self.version
+
+    async def publish(self) -> dict[str, float]:
+        """Weights to every engine, then admission opens the slots of the new version."""
+        target = self.published_version()
         t0 = time.perf_counter()
-        metrics = await validate_engine(self.cfg, self.engine, self.chat)
-        metrics.update({"learner/step": step, "policy_version": self.learner.policy_version,
-                        "timing/val_s": time.perf_counter() - t0})
+        await self.runtime.publish(target)
+        out = {"weight_sync/time_s": time.perf_counter() - t0, "weight_sync/published_version": float(target)}
+        await self.runtime.admission.set_published_version(self.version)
+        self.syncs += 1
+        every = self.cfg.weight_sync.verify_every
+        if every and self.syncs % every == 0 and target == self.version:  # (fixed lag serves an older version)
+            learner_lp, engine_lps = await self.runtime.probe(probe_ids(self.runtime.vocab_size))
+            out["weight_sync/probe_max_abs_diff"] = max(
+                float(np.max(np.abs(np.asarray(e[1:]) - np.asarray(learner_lp[1:])))) for e in engine_lps)
+        return out
+
+    def record(self, step, batch: Batch, learner_metrics, sync, prev_stats, stats, wait_s, train_s, step_s,
+               budget_s, admission) -> dict[str, Any]:
+        busy = [c["busy_s"] - p["busy_s"] for p, c in zip(prev_stats, stats, strict=True)]
+        wait = [c["admission_wait_s"] - p["admission_wait_s"] for p, c in zip(prev_stats, stats, strict=True)]
+        n_tokens = sum(t.num_tokens for g in batch.groups for t in g.trajectories)
+        return {
+            "learner/step": step, "policy_version": self.version,
+            **batch.metrics, **rollout_metrics(batch.groups), **learner_metrics, **sync,
+            "rollout/idle_frac": float(np.mean([max(0.0, 1 - b / max(step_s, 1e-9)) for b in busy])),
+            "learner/idle_frac": max(0.0, 1 - train_s / max(step_s, 1e-9)),
+            "staleness/admission_wait_s": float(np.mean(wait)),
+            "staleness/admission_refusals": float(admission["refusals"]),
+            "staleness/groups_outstanding": float(len(admission["outstanding"])),
+            "rollout/engine_versions_min": min(s["policy_version"] for s in stats),
+            "timing/step_s": step_s, "timing/wait_batch_s": wait_s, "timing/train_s": train_s,
+            "timing/budget_spent_s": budget_s,
+            "throughput/tokens_per_s": n_tokens / max(step_s, 1e-9),
+            "throughput/learner_tokens_per_s": learner_metrics.get("learner/num_tokens", 0.0) / max(train_s, 1e-9),
+        }
+
+    async def validate(self, step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        metrics = await self.runtime.validate()
+        metrics.update({"learner/step": step, "policy_version": self.version, "timing/val_s": time.perf_counter() - t0})
         self.sink.log(metrics)
         return metrics
 
+    # ------------------------------------------------------------------ checkpoints
+    async def save(self, step: int) -> Path:
+        path = checkpoint_path(self.run_dir, step)
+        await self.runtime.save(path, step)
+        state = {"step": step, "version": self.version, "syncs": self.syncs,
+                 "admission": await self.runtime.admission.state()}
+        (path / DRIVER_STATE).write_text(json.dumps(state))
+        save_checkpoint_marker(path)
+        return path
+
+    async def resume(self, checkpoint: Path) -> None:
+        state = json.loads((checkpoint / DRIVER_STATE).read_text())
+        self.version = await self.runtime.load(checkpoint)
+        if self.version != state["version"]:
+            raise RuntimeError(f"{checkpoint}: learner is at version {self.version}, driver state says "
+                               f"{state['version']}")
+        self.start_step, self.syncs = int(state["step"]), int(state["syncs"])
+        await self.runtime.admission.restore(state["admission"])
+        log.info("resumed from %s at step %d (policy version %d, %d groups to replay)", checkpoint,
+                 self.start_step, self.version, len(state["admission"]["outstanding"]))
+
     def close(self) -> None:
         self.provenance.close()
-        self.engine.shutdown()
 
 
-def _apply_thread_settings(cfg: RunConfig) -> None:
-    import torch
-
-    torch.set_num_threads(max(1, os.cpu_count() or 1) if cfg.runtime == "local" else cfg.learner.torch_threads)
-
-
-def train(cfg: RunConfig | None = None, *, resume: Path | None = None) -> tuple[Path, dict[str, float]]:
-    """Run training; returns the run directory and the last validation metrics."""
+def train(cfg: RunConfig | None = None, *, resume: Path | None = None,
+          runtime: Runtime | None = None) -> tuple[Path, dict[str, float]]:
+    """Run training (or continue the run directory ``resume``); returns the run directory and the last
+    validation metrics. ``runtime`` overrides the configured one (tests)."""
+    checkpoint, skip_wandb_until = None, -1
     if resume is not None:
         run_dir = RunDir(Path(resume))
         if not run_dir.config_path.is_file():
             raise FileNotFoundError(f"{resume} is not a run directory (no config.yaml)")
         cfg = load_config(run_dir.config_path)
+        checkpoint = run_dir.latest_checkpoint()
+        if checkpoint is not None:
+            step = int(json.loads((checkpoint / DRIVER_STATE).read_text())["step"])
+            # Records past the checkpoint belong to steps that will run again: rewind them. W&B cannot
+            # rewind offline, so it skips the steps it already has (no duplicate points).
+            skip_wandb_until = rewind_jsonl(run_dir.metrics_path, step, key="learner/step")
+            rewind_jsonl(run_dir.path / "provenance.jsonl", step, key="step")
     else:
         assert cfg is not None
         run_dir = RunDir.create(cfg)
     print(f"run directory: {run_dir.path}", flush=True)
-    sink = make_sink(cfg, run_dir)
+    sink = make_sink(cfg, run_dir, skip_wandb_until)
     exit_code = 1
     try:
-        if cfg.runtime == "ray":
-            from ragen_async.ray_runtime import RayTrainer
-
-            trainer = RayTrainer(cfg, run_dir, sink)
-        else:
-            _apply_thread_settings(cfg)
-            trainer = LocalTrainer(cfg, run_dir, sink)
-        try:
-            checkpoint = run_dir.latest_checkpoint() if resume is not None else None
-            if checkpoint is not None:
-                trainer.resume(checkpoint)
-            last = asyncio.run(trainer.run())
-        finally:
-            trainer.close()
+        last = run_trainer(cfg, run_dir, sink, runtime if runtime is not None else make_runtime(cfg), checkpoint)
         exit_code = 0
         return run_dir.path, last
     finally:
         sink.close(exit_code)
+
+
+def run_trainer(cfg: RunConfig, run_dir: RunDir, sink: MetricsSink, runtime: Runtime,
+                checkpoint: Path | None = None) -> dict[str, float]:
+    """Build the trainer on ``runtime``, resume from ``checkpoint`` if given, run; always closes both."""
+    trainer = Trainer(cfg, run_dir, sink, runtime)
+    try:
+        async def main() -> dict[str, float]:
+            if checkpoint is not None:
+                await trainer.resume(checkpoint)
+            return await trainer.run()
+
+        return asyncio.run(main())
+    finally:
+        trainer.close()
+        runtime.close()
 
 
 def summarize_val(metrics: dict[str, float]) -> dict[str, float]:

@@ -122,6 +122,10 @@ class TrajectoryGroup:
     """N trajectories from one initial state: the unit sent on the wire and filtered by StarPO-S."""
 
     group_id: str
+    """A readable label (``g00000042``); :attr:`index` is what every decision uses."""
+    index: int
+    """Global sequence index handed out by admission control: it fixes the group's env and seed
+    (``rollout.worker.assign_group``) and orders batches deterministically."""
     env_tag: str
     seed: int
     trajectories: tuple[Trajectory, ...]

@@ -49,3 +49,18 @@ class ProvenanceLog:
 
 def read_provenance(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def rewind_jsonl(path: Path, step: int, key: str) -> int:
+    """Drop the records of ``path`` whose ``key`` exceeds ``step`` (a resume from the checkpoint of
+    ``step`` runs them again); returns the largest ``key`` the file held before (-1 if none)."""
+    path = Path(path)
+    if not path.exists():
+        return -1
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    seen = max((int(r[key]) for r in records if key in r), default=-1)
+    kept = [r for r in records if int(r.get(key, -1)) <= step]
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    tmp.replace(path)
+    return seen

@@ -1,6 +1,7 @@
 """Staleness control: admission of new groups, per-token staleness, and staleness statistics.
 
-Definitions (DESIGN.md §3). Policy version v = weights after v optimizer steps. A sampled token produced
+Definitions (docs/architecture.md). Policy version v = weights after v learner steps (one consumed
+batch each, however many optimizer mini-batch steps it takes). A sampled token produced
 by version u and trained on by the learner at version v has *staleness* v − u; a trajectory is as stale as
 its oldest sampled token, a group as its stalest trajectory. ``max_staleness = k`` bounds it.
 
@@ -67,11 +68,19 @@ def parse_group_id(group_id: str) -> int:
 
 
 class AdmissionController:
-    """Decides whether a new group may start, AReaL-style; hands out global group sequence indices.
+    """Decides whether a new group may start, AReaL-style; hands out global group sequence indices and
+    accounts for every one of them.
 
     ``max_staleness=None`` admits everything (unbounded staleness). Indices are 0, 1, 2, … in admission
-    order and are never reused, even for groups that are later dropped, so ``index → (env, seed)`` stays
-    a unique, reproducible assignment.
+    order and are never reused for another group, so ``index → (env, seed)`` stays a unique, reproducible
+    assignment. Every admitted index is *outstanding* until the driver reports it exactly once, as
+    consumed (trained on) or dropped (never will be); reporting an index twice, or one that was never
+    admitted, is an error. That per-index accounting is what makes a drop return exactly one slot.
+
+    :meth:`state` / :meth:`from_state` carry the accounting across a resume: the indices that were
+    outstanding when the checkpoint was taken (in flight or waiting in the buffer, both lost with the
+    old processes) are handed out again, lowest first, with their original index and therefore their
+    original seed, before any new index. They were admitted before, so they need no new slot.
     """
 
     def __init__(self, max_staleness: int | None, groups_per_step: int, published_version: int = 0) -> None:
@@ -85,7 +94,12 @@ class AdmissionController:
         self.groups_per_step = groups_per_step
         self._published_version = published_version
         self._next_index = 0
+        self._outstanding: set[int] = set()
+        self._replay: list[int] = []
         self._dropped = 0
+        self._consumed = 0
+        self.refusals = 0
+        """How many times :meth:`try_admit` said wait (the bound was binding)."""
 
     @property
     def published_version(self) -> int:
@@ -99,12 +113,21 @@ class AdmissionController:
 
     @property
     def groups_admitted(self) -> int:
-        """All groups ever admitted (the next sequence index)."""
+        """All indices ever admitted (the next new sequence index)."""
         return self._next_index
 
     @property
     def groups_dropped(self) -> int:
         return self._dropped
+
+    @property
+    def groups_consumed(self) -> int:
+        return self._consumed
+
+    @property
+    def outstanding(self) -> list[int]:
+        """Admitted indices not yet reported consumed or dropped, ascending."""
+        return sorted(self._outstanding)
 
     def limit(self) -> int | None:
         """``(k + v + 1) · groups_per_step``: how many groups may have started at this version."""
@@ -113,17 +136,21 @@ class AdmissionController:
         return (self.max_staleness + self._published_version + 1) * self.groups_per_step
 
     def capacity(self) -> int | None:
-        """How many more groups may start now (``None``: unbounded)."""
+        """How many more new groups may start now (``None``: unbounded)."""
         limit = self.limit()
         return None if limit is None else max(0, limit - self.groups_started)
 
     def try_admit(self) -> int | None:
         """Admit one group: its global sequence index, or ``None`` if the budget is used up."""
+        if self._replay:
+            return self._replay.pop(0)
         capacity = self.capacity()
         if capacity is not None and capacity <= 0:
+            self.refusals += 1
             return None
         index = self._next_index
         self._next_index += 1
+        self._outstanding.add(index)
         return index
 
     def set_published_version(self, version: int) -> None:
@@ -132,20 +159,50 @@ class AdmissionController:
             raise ValueError(f"published version went backwards: {self._published_version} -> {version}")
         self._published_version = version
 
-    def on_dropped(self, n: int = 1) -> None:
-        """Return the budget of ``n`` groups the buffer dropped (or a producer abandoned).
+    def _resolve(self, indices: Iterable[int], what: str) -> int:
+        indices = list(indices)
+        if len(set(indices)) != len(indices):
+            raise ValueError(f"{what}: index reported twice in one call: {sorted(indices)}")
+        for i in indices:
+            if i not in self._outstanding or i in self._replay:
+                raise ValueError(f"{what}: group {i} is not outstanding (never admitted, already reported, "
+                                 "or waiting to be replayed)")
+        self._outstanding.difference_update(indices)
+        return len(indices)
+
+    def on_consumed(self, indices: Iterable[int]) -> None:
+        """The learner took these groups into a batch (kept or filtered out): they are done."""
+        self._consumed += self._resolve(indices, "consumed")
+
+    def on_dropped(self, indices: Iterable[int]) -> None:
+        """Return the slots of groups the buffer dropped (or a producer abandoned), one per index.
 
         A dropped group will never be trained on, yet it still counts as started. The learner only advances
         the version (and with it the budget) after consuming a full batch, so without this the budget could
         be spent on groups that never arrive: the learner would wait for data that admission refuses to
-        start, a deadlock. Returning the slot lets a replacement start; the buffer's consumption-time check
-        still guarantees the bound for it.
+        start, a deadlock. Returning the slot lets a replacement start under a new index; the buffer's
+        consumption-time check still guarantees the bound for it.
         """
-        if n < 0:
-            raise ValueError(f"cannot drop a negative number of groups ({n})")
-        if n > self.groups_started:
-            raise ValueError(f"dropping {n} groups but only {self.groups_started} are outstanding")
-        self._dropped += n
+        self._dropped += self._resolve(indices, "dropped")
+
+    def state(self) -> dict[str, int | list[int]]:
+        """Everything :meth:`from_state` needs to continue exactly (JSON-serialisable)."""
+        return {"next_index": self._next_index, "outstanding": self.outstanding, "dropped": self._dropped,
+                "consumed": self._consumed, "published_version": self._published_version,
+                "refusals": self.refusals}
+
+    @classmethod
+    def from_state(cls, max_staleness: int | None, groups_per_step: int, state: dict) -> AdmissionController:
+        """A controller that continues ``state``; its outstanding indices are replayed first."""
+        ctrl = cls(max_staleness, groups_per_step, int(state["published_version"]))
+        ctrl._next_index = int(state["next_index"])
+        ctrl._outstanding = {int(i) for i in state["outstanding"]}
+        ctrl._replay = sorted(ctrl._outstanding)
+        ctrl._dropped, ctrl._consumed = int(state["dropped"]), int(state["consumed"])
+        ctrl.refusals = int(state.get("refusals", 0))
+        if ctrl._consumed + ctrl._dropped + len(ctrl._outstanding) != ctrl._next_index:
+            raise ValueError(f"inconsistent admission state: {state}")
+        return ctrl
 
 
 # --------------------------------------------------------------------------------------------------

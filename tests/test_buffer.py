@@ -51,7 +51,7 @@ def make_group(
     trajs = tuple(
         make_traj(gid, i, [version, version], r, n) for i, (r, n) in enumerate(zip(rewards, replies, strict=True))
     )
-    return TrajectoryGroup(gid, "sokoban", index, trajs, "w0", created_at, finished_at)
+    return TrajectoryGroup(gid, index, "sokoban", index, trajs, "w0", created_at, finished_at)
 
 
 def plain_buffer(groups_per_step: int = 2, max_staleness: int | None = 1, **kwargs) -> TrajectoryBuffer:
@@ -67,11 +67,10 @@ def trajectory_ids(shards) -> list[tuple[str, ...]]:
 # Staleness gate
 
 
-def test_group_index_follows_the_id_convention():
+def test_group_index_is_the_groups_own_integer():
     assert group_index(make_group(42)) == 42
-    bad = TrajectoryGroup("sokoban-42", "sokoban", 0, make_group(1).trajectories)
-    with pytest.raises(ValueError, match="format_group_id"):
-        group_index(bad)
+    relabelled = TrajectoryGroup("any-label", 42, "sokoban", 0, make_group(1).trajectories)
+    assert group_index(relabelled) == 42
 
 
 def test_drops_groups_that_are_already_stale_on_arrival():
@@ -83,7 +82,8 @@ def test_drops_groups_that_are_already_stale_on_arrival():
     assert (drop.index, drop.staleness, drop.where, drop.reason) == (0, 2, "add", "stale")
     assert buf.drain_drops() == []  # drained once
     buf.add(make_group(2, version=2), learner_version=2, now=0.0)
-    _, metrics = buf.next_batch(learner_version=2, step=2, now=1.0)
+    batch = buf.next_batch(learner_version=2, step=2, now=1.0)
+    _, metrics = batch.shards, batch.metrics
     assert metrics["staleness/dropped_groups"] == 1
 
 
@@ -94,7 +94,8 @@ def test_rechecks_staleness_when_consuming_and_later_groups_replace_dropped_ones
     for i in (2, 3):
         buf.add(make_group(i, version=2), learner_version=0, now=0.0)
     assert buf.ready(learner_version=2)
-    shards, metrics = buf.next_batch(learner_version=2, step=2, now=1.0)
+    batch = buf.next_batch(learner_version=2, step=2, now=1.0)
+    shards, metrics = batch.shards, batch.metrics
     assert [parse_group_id(t.group_id) for t in shards[0].trajectories] == [2, 2, 3, 3]
     assert [(d.index, d.where) for d in buf.drain_drops()] == [(0, "consume"), (1, "consume")]
     assert metrics["staleness/dropped_groups"] == 2 and metrics["staleness/max"] == 0
@@ -114,7 +115,8 @@ def test_unbounded_never_drops():
     buf = plain_buffer(max_staleness=None)
     buf.add(make_group(0, version=0), learner_version=100, now=0.0)
     buf.add(make_group(1, version=0), learner_version=100, now=0.0)
-    shards, metrics = buf.next_batch(learner_version=100, step=100, now=0.0)
+    batch = buf.next_batch(learner_version=100, step=100, now=0.0)
+    metrics = batch.metrics
     assert metrics["staleness/max"] == 100 and metrics["staleness/token_hist/overflow"] == 1.0
     assert buf.dropped_total == 0
 
@@ -122,10 +124,11 @@ def test_unbounded_never_drops():
 def test_fixed_lag_requires_exact_lag():
     buf = plain_buffer(groups_per_step=1, max_staleness=2, fixed_lag=True)
     buf.add(make_group(0, version=0), learner_version=1, now=0.0)  # warm-up: lag min(2, 1) = 1
-    assert buf.next_batch(learner_version=1, step=1, now=0.0)[1]["staleness/max"] == 1
+    assert buf.next_batch(learner_version=1, step=1, now=0.0).metrics["staleness/max"] == 1
     buf.add(make_group(1, version=4), learner_version=5, now=0.0)  # lag 1 where 2 is required
     buf.add(make_group(2, version=3), learner_version=5, now=0.0)
-    shards, _ = buf.next_batch(learner_version=5, step=5, now=0.0)
+    batch = buf.next_batch(learner_version=5, step=5, now=0.0)
+    shards, _ = batch.shards, batch.metrics
     assert shards[0].trajectories[0].group_id == "g00000002"
     assert [(d.index, d.reason) for d in buf.drain_drops()] == [(1, "off_lag")]
     with pytest.raises(ValueError, match="fixed_lag"):
@@ -165,7 +168,8 @@ def test_batch_is_independent_of_arrival_order():
         buf = TrajectoryBuffer(4, 2, filter_mode="std", filter_ratio=0.5, norm_mode="mean_std", num_ranks=2)
         for i in perm:
             buf.add(groups[int(i)], learner_version=5, now=10.0)
-        shards, metrics = buf.next_batch(learner_version=5, step=5, now=12.0)
+        batch = buf.next_batch(learner_version=5, step=5, now=12.0)
+        shards, metrics = batch.shards, batch.metrics
         results.append((trajectory_ids(shards), [s.normalized_scores.tobytes() for s in shards], metrics))
         assert len(buf) == 3  # the three highest indices wait for the next batch
     for other in results[1:]:
@@ -184,7 +188,8 @@ def test_starpo_filter_keeps_highest_std_groups_and_scores_are_normalised_within
     buf = TrajectoryBuffer(4, 1, filter_mode="std", filter_ratio=0.5, norm_mode="mean_std", num_ranks=1)
     for g in groups:
         buf.add(g, learner_version=0, now=0.0)
-    (shard,), metrics = buf.next_batch(learner_version=0, step=0, now=0.0)
+    batch = buf.next_batch(learner_version=0, step=0, now=0.0)
+    (shard,), metrics = batch.shards, batch.metrics
     assert {t.group_id for t in shard.trajectories} == {"g00000001", "g00000003"}
     assert metrics["filter/kept_groups"] == 2 and metrics["filter/kept_fraction"] == 0.5
     assert metrics["filter/chosen_in_group_std"] == pytest.approx(4.0)
@@ -207,7 +212,8 @@ def test_shards_are_balanced_and_carry_batch_totals(num_ranks):
     buf = TrajectoryBuffer(6, 2, filter_mode="none", filter_ratio=1.0, norm_mode="mean", num_ranks=num_ranks)
     for g in groups:
         buf.add(g, learner_version=5, now=0.0)
-    shards, metrics = buf.next_batch(learner_version=5, step=7, now=0.0)
+    batch = buf.next_batch(learner_version=5, step=7, now=0.0)
+    shards, metrics = batch.shards, batch.metrics
 
     assert [(s.rank, s.world_size, s.step, s.learner_version) for s in shards] == [
         (r, num_ranks, 7, 5) for r in range(num_ranks)
@@ -274,7 +280,8 @@ def test_metrics():
     buf = plain_buffer(groups_per_step=2, max_staleness=3)
     for i in range(3):
         buf.add(make_group(i, version=1, created_at=10.0, finished_at=14.0), learner_version=1, now=15.0)
-    _, metrics = buf.next_batch(learner_version=3, step=3, now=20.0)
+    batch = buf.next_batch(learner_version=3, step=3, now=20.0)
+    _, metrics = batch.shards, batch.metrics
     assert metrics["rollout/queue_groups"] == 1
     assert metrics["rollout/buffer_wait_s"] == 5.0
     assert metrics["staleness/mean"] == 2 and metrics["staleness/token_hist/2"] == 1.0
@@ -314,14 +321,14 @@ def test_admission_and_buffer_bound_staleness_with_random_speeds(k):
                 if len(slot["versions"]) == slot["turns"]:
                     gid = format_group_id(slot["index"])
                     trajs = tuple(make_traj(gid, i, slot["versions"], float(rng.normal())) for i in range(2))
-                    buf.add(TrajectoryGroup(gid, "e", 0, trajs), learner_version, now=float(tick))
+                    buf.add(TrajectoryGroup(gid, slot["index"], "e", 0, trajs), learner_version, now=float(tick))
                     slots[s] = None
                     continue
                 slot["versions"].append(engine_version)
                 # Slot 0 is pathologically slow, so its groups are overtaken and go stale.
                 slot["left"] = int(rng.integers(1, 60 if s == 0 else 6))
             slot["left"] -= 1
-        ctrl.on_dropped(len(buf.drain_drops()))
+        ctrl.on_dropped([d.index for d in buf.drain_drops()])
 
         if learner_done_at is not None and tick >= learner_done_at:
             learner_version, learner_done_at = learner_version + 1, None
@@ -329,17 +336,20 @@ def test_admission_and_buffer_bound_staleness_with_random_speeds(k):
             if learner_version == steps:
                 break
         if learner_done_at is None and buf.ready(learner_version):
-            shards, _ = buf.next_batch(learner_version, learner_version, now=float(tick))
+            batch = buf.next_batch(learner_version, learner_version, now=float(tick))
+            shards, _ = batch.shards, batch.metrics
             consumed += [
                 learner_version - t.token_versions[t.loss_mask == 1].min() for s in shards for t in s.trajectories
             ]
+            ctrl.on_consumed(batch.indices)
             learner_done_at = tick + int(rng.integers(1, 6))
-        ctrl.on_dropped(len(buf.drain_drops()))
+        ctrl.on_dropped([d.index for d in buf.drain_drops()])
     else:
         raise AssertionError("the learner starved")
 
     assert len(consumed) == steps * B * 2
     assert max(consumed) <= k
     assert ctrl.groups_dropped == buf.dropped_total
+    assert ctrl.groups_consumed == steps * B
     if k > 0:  # these seeds do overtake the slow slot: the drop path was exercised
         assert buf.dropped_total > 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import random
 
 import pytest
@@ -12,8 +11,9 @@ from ragen_async.agent.parsing import format_reply
 from ragen_async.config import load_config
 from ragen_async.inference.fake_engine import FakeEngine
 from ragen_async.metrics import MemorySink
-from ragen_async.orchestrator import LocalTrainer
+from ragen_async.orchestrator import run_trainer
 from ragen_async.rundir import RunDir
+from ragen_async.runtime import LocalRuntime
 
 REQUIRED = ["learner/step", "policy_version", "rollout/success", "rollout/reward_mean",
             "rollout/in_group_reward_std", "rollout/response_length", "actor/entropy", "actor/grad_norm",
@@ -39,15 +39,13 @@ def fake_bandit_engine(chat: ChatFormat) -> FakeEngine:
     return FakeEngine(reply, logprob=-0.7)
 
 
-def run_local(cfg, engine=None):
-    run_dir = RunDir.create(cfg)
+def run_local(cfg, engine=None, run_dir=None, resume=False):
+    """The one loop on the local runtime; ``resume`` continues ``run_dir`` from its latest checkpoint."""
+    run_dir = run_dir or RunDir.create(cfg)
     sink = MemorySink()
-    trainer = LocalTrainer(cfg, run_dir, sink, engine=engine)
-    try:
-        asyncio.run(trainer.run())
-    finally:
-        trainer.close()
-    return run_dir, sink.records, trainer
+    runtime = LocalRuntime(cfg, engine)
+    run_trainer(cfg, run_dir, sink, runtime, run_dir.latest_checkpoint() if resume else None)
+    return run_dir, sink.records, runtime
 
 
 def test_three_steps_with_the_fake_engine(tiny_model_path, tmp_path):
@@ -76,14 +74,10 @@ def test_resume_continues_exactly(tiny_model_path, tmp_path):
     cfg2 = bandit_cfg(tiny_model_path, tmp_path, "validation.every=0", "checkpoint_every=2", "total_steps=2")
     run_dir, first, _ = run_local(cfg2, fake_bandit_engine(chat))
     cfg3 = bandit_cfg(tiny_model_path, tmp_path, "validation.every=0", "checkpoint_every=2")
-    sink = MemorySink()
-    trainer = LocalTrainer(cfg3, run_dir, sink, engine=fake_bandit_engine(chat))
-    trainer.resume(run_dir.latest_checkpoint())
-    asyncio.run(trainer.run())
-    trainer.close()
-    assert [r["learner/step"] for r in sink.records] == [3]
+    _, resumed, _ = run_local(cfg3, fake_bandit_engine(chat), run_dir=run_dir, resume=True)
+    assert [r["learner/step"] for r in resumed] == [3]
     for key in ("actor/pg_loss", "critic/vf_loss", "rollout/reward_mean", "actor/grad_norm"):
-        assert sink.records[0][key] == pytest.approx(straight[2][key], rel=1e-5, abs=1e-7), key
+        assert resumed[0][key] == pytest.approx(straight[2][key], rel=1e-5, abs=1e-7), key
 
 
 def test_time_budget_stops_at_a_step_boundary_with_validation_and_checkpoint(tiny_model_path, tmp_path):
@@ -101,31 +95,13 @@ def test_time_budget_stops_at_a_step_boundary_with_validation_and_checkpoint(tin
 
 @pytest.mark.vllm
 def test_three_steps_with_vllm_and_weights_reach_the_engine(tiny_model_path, tmp_path):
-    """After training, the engine serves the learner's weights: same log-probs for a probe sequence."""
-    import torch
-
-    from ragen_async import algo
-
-    cfg = bandit_cfg(tiny_model_path, tmp_path)
-    trainer = LocalTrainer(cfg, RunDir.create(cfg), sink := MemorySink())
-    probe = trainer.chat.initial_prompt_ids("Which arm? Phoenix or Dragon.") + trainer.chat.encode(
-        " pick </think> <answer> Dragon </answer>")
-
-    async def go():
-        await trainer.run()
-        return await trainer.engine.prompt_logprobs(probe)
-
-    try:
-        engine_lp = asyncio.run(go())
-    finally:
-        trainer.close()
-    steps = [r for r in sink.records if "actor/grad_norm" in r]
+    """After every update the engine serves the learner's weights: same log-probs for the loop's probe."""
+    cfg = bandit_cfg(tiny_model_path, tmp_path, "weight_sync.verify_every=1")
+    run_dir, records, runtime = run_local(cfg)
+    steps = [r for r in records if "actor/grad_norm" in r]
     assert [r["policy_version"] for r in steps] == [1, 2, 3]
     for key in REQUIRED:
         assert key in steps[-1], key
-    assert trainer.engine.policy_version == 3
-    ids = torch.tensor([probe])
-    with torch.no_grad():
-        learner_lp = algo.logprobs_from_logits(trainer.learner.actor(input_ids=ids).logits.float()[:, :-1], ids[:, 1:])
+    assert runtime.engine.policy_version == 3
     # float32 on both sides; kernels differ only in reduction order (see tests/inference for the bound).
-    torch.testing.assert_close(torch.tensor(engine_lp[1:]), learner_lp[0], rtol=0, atol=2e-3)
+    assert all(r["weight_sync/probe_max_abs_diff"] < 2e-3 for r in steps)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -85,7 +86,8 @@ def test_unbounded_admits_everything():
 def test_dropped_groups_return_capacity_but_not_their_index():
     ctrl = AdmissionController(max_staleness=0, groups_per_step=2)
     assert [ctrl.try_admit(), ctrl.try_admit(), ctrl.try_admit()] == [0, 1, None]
-    ctrl.on_dropped(1)
+    assert ctrl.refusals == 1
+    ctrl.on_dropped([1])
     assert ctrl.capacity() == 1 and ctrl.groups_dropped == 1
     assert ctrl.try_admit() == 2  # a replacement, under a fresh index
     assert ctrl.try_admit() is None
@@ -101,10 +103,32 @@ def test_invalid_use_is_refused():
     ctrl.set_published_version(3)
     with pytest.raises(ValueError, match="backwards"):
         ctrl.set_published_version(2)
-    with pytest.raises(ValueError):
-        ctrl.on_dropped(1)  # nothing outstanding
-    with pytest.raises(ValueError):
-        ctrl.on_dropped(-1)
+    with pytest.raises(ValueError, match="not outstanding"):
+        ctrl.on_dropped([0])  # nothing admitted
+    assert ctrl.try_admit() == 0
+    ctrl.on_dropped([0])
+    with pytest.raises(ValueError, match="not outstanding"):
+        ctrl.on_dropped([0])  # a drop returns its slot once, however it is reported
+    with pytest.raises(ValueError, match="not outstanding"):
+        ctrl.on_consumed([0])
+    assert ctrl.groups_started == 0 and ctrl.groups_dropped == 1
+
+
+def test_state_round_trip_replays_outstanding_indices_first():
+    ctrl = AdmissionController(max_staleness=1, groups_per_step=2)
+    got = [ctrl.try_admit() for _ in range(5)]
+    assert got == [0, 1, 2, 3, None]
+    ctrl.on_consumed([0, 1])
+    ctrl.set_published_version(1)
+    assert ctrl.try_admit() == 4 and ctrl.try_admit() == 5 and ctrl.try_admit() is None
+    ctrl.on_dropped([3])
+    restored = AdmissionController.from_state(1, 2, json.loads(json.dumps(ctrl.state())))
+    # 2, 4, 5 were in flight or waiting when the state was taken: they come back, lowest first, with
+    # their own index (so their own seed), before any new index and without taking a new slot.
+    assert [restored.try_admit() for _ in range(5)] == [2, 4, 5, 6, None]
+    assert restored.groups_started == ctrl.groups_started + 1 == restored.limit()
+    with pytest.raises(ValueError, match="inconsistent"):
+        AdmissionController.from_state(1, 2, {**ctrl.state(), "consumed": 0})
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -202,7 +226,7 @@ def test_token_and_trajectory_staleness():
     assert token_staleness(traj.token_versions, traj.loss_mask, 6).dtype == np.int64
     assert trajectory_staleness(traj, 6) == 3  # as stale as its oldest token
     assert trajectory_staleness(_traj([]), 6) == 0  # nothing sampled, nothing stale
-    group = TrajectoryGroup("g00000000", "e", 0, (traj, _traj([5, 5])))
+    group = TrajectoryGroup("g00000000", 0, "e", 0, (traj, _traj([5, 5])))
     assert group_staleness(group, 6) == 3
 
 
@@ -214,8 +238,8 @@ def test_stats_summary_and_reset():
     stats = StalenessStats(hist_max=2)
     a = _traj([1, 1, 2], turns=(_turn(1), _turn(2)))
     b = _traj([3], turns=(_turn(3),))
-    stats.record_group(TrajectoryGroup("g00000000", "e", 0, (a, b), created_at=10.0, finished_at=14.0), 4, 20.0)
-    stats.record_group(TrajectoryGroup("g00000001", "e", 0, (_traj([4]),), created_at=12.0, finished_at=13.0), 4, 21.0)
+    stats.record_group(TrajectoryGroup("g00000000", 0, "e", 0, (a, b), created_at=10.0, finished_at=14.0), 4, 20.0)
+    stats.record_group(TrajectoryGroup("g00000001", 1, "e", 0, (_traj([4]),), created_at=12.0, finished_at=13.0), 4, 21.0)
     stats.record_dropped(2)
     out = stats.summary()
     # token staleness: 3, 3, 2, 1, 0

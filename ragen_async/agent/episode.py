@@ -215,6 +215,7 @@ async def play_group(
     limits: AgentLimits,
     *,
     group_id: str,
+    index: int,
     worker_id: str = "",
 ) -> TrajectoryGroup:
     """Play ``group_size`` episodes from the same initial state concurrently."""
@@ -225,7 +226,7 @@ async def play_group(
         for i in range(group_size)
     ]
     trajectories = await asyncio.gather(*episodes)
-    return TrajectoryGroup(group_id=group_id, env_tag=env_tag, seed=seed, trajectories=tuple(trajectories),
+    return TrajectoryGroup(group_id=group_id, index=index, env_tag=env_tag, seed=seed, trajectories=tuple(trajectories),
                            worker_id=worker_id, created_at=created, finished_at=time.time())
 
 

@@ -19,7 +19,7 @@ import ray
 import torch
 
 from ragen_async.config import RunConfig
-from ragen_async.learner.learner import Learner
+from ragen_async.learner.learner import Learner, TrainResult
 from ragen_async.protocol import BatchShard
 from ragen_async.transport import make_receiver
 from ragen_async.weight_sync.base import RingBuffer
@@ -79,18 +79,18 @@ class LearnerActor:
             self.ring.push(0, self.learner.named_weights())
         return self.learner.policy_version
 
-    def train_step(self, timeout_s: float = 600.0) -> dict[str, float]:
+    def train_step(self, timeout_s: float = 600.0) -> TrainResult:
         t0 = time.perf_counter()
         shard = self.receiver.receive(timeout_s)
         if shard is None:
             raise TimeoutError(f"learner rank {self.rank}: no batch shard arrived within {timeout_s:.0f} s")
         wait_s = time.perf_counter() - t0
-        metrics = self.learner.train_step(shard)
+        result = self.learner.train_step(shard)
         if self.ring is not None:
-            self.ring.push(self.learner.policy_version, self.learner.named_weights())
-        metrics["timing/learner_recv_s"] = wait_s
-        metrics["timing/learner_compute_s"] = time.perf_counter() - t0 - wait_s
-        return metrics
+            self.ring.push(result.version, self.learner.named_weights())
+        result.metrics["timing/learner_recv_s"] = wait_s
+        result.metrics["timing/learner_compute_s"] = time.perf_counter() - t0 - wait_s
+        return result
 
     # ---- rank 0: publishing ---------------------------------------------------------------------
     def open_weight_group(self, num_receivers: int) -> tuple[str, int, list]:
@@ -144,13 +144,24 @@ class LearnerActor:
         return int(self.learner.actor.config.vocab_size)
 
     def save_checkpoint(self, path: str, step: int) -> None:
-        self.learner.save_checkpoint(Path(path), extra={"step": step})
-
-    def load_checkpoint(self, path: str) -> dict:
-        extra = self.learner.load_checkpoint(Path(path))
+        """Every rank writes its own state; rank 0 also writes the actor weights and the fixed-lag ring
+        (the older versions it still has to publish), so a fixed-lag run resumes exactly."""
+        self.learner.save_checkpoint(Path(path), extra={"step": step}, write_weights=self.rank == 0)
         if self.ring is not None:
+            older = {v: self.ring.get(v) for v in self.ring.versions() if v != self.learner.policy_version}
+            torch.save(older, Path(path) / "fixed_lag_ring.pt")
+
+    def load_checkpoint(self, path: str) -> int:
+        """Restore this rank (and rank 0's ring); returns the policy version."""
+        self.learner.load_checkpoint(Path(path))
+        if self.ring is not None:
+            ring_file = Path(path) / "fixed_lag_ring.pt"
+            older = torch.load(ring_file, weights_only=True) if ring_file.exists() else {}
+            self.ring = RingBuffer(self.ring.capacity)
+            for v in sorted(older):
+                self.ring.push(v, older[v])
             self.ring.push(self.learner.policy_version, self.learner.named_weights())
-        return extra
+        return self.learner.policy_version
 
     def shutdown(self) -> None:
         if self.publisher is not None:

@@ -9,8 +9,10 @@ A plain class: the single-process loop builds one directly, the Ray learner pool
    moments; or GRPO group-normalised scores broadcast over the reply tokens);
 3. runs epochs x mini-batches x micro-batches of the StarPO-S losses from ``algo``, dividing by the
    *global* token count so DDP's gradient average equals the single-process gradient;
-4. clips gradients, skips a step whose gradient norm is not finite (counted), and advances
-   ``policy_version`` by one per optimizer step.
+4. clips gradients and skips an optimizer step whose gradient norm is not finite (counted);
+5. advances ``policy_version`` by one: the version unit is the *learner step* (one consumed batch,
+   however many optimizer mini-batch steps it takes), as AReaL counts and as admission, fixed-lag and
+   every staleness metric assume.
 
 It also owns checkpoints: model, critic, optimizers, version and RNG states.
 """
@@ -24,6 +26,7 @@ import math
 import random
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +45,27 @@ ADDITIVE_METRICS = frozenset({"actor/pg_loss", "actor/entropy", "actor/kl_loss",
 """Metrics that are this rank's *share* of a global quantity (they were aggregated with the global
 token/sequence count): sum them over ranks. Every other per-rank metric is a mean: average it."""
 
+
+
+def merge_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """Sum the additive metrics over ranks, average the rest."""
+    keys = set().union(*per_rank)
+    out = {}
+    for k in keys:
+        vals = [m[k] for m in per_rank if k in m]
+        out[k] = float(np.sum(vals)) if k in ADDITIVE_METRICS else float(np.mean(vals))
+    return out
+
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What one learner step returns: the new policy version, apart from the step's metrics."""
+
+    version: int
+    metrics: dict[str, float]
 
 
 def _check_model_path(path: str) -> Path:
@@ -179,8 +202,8 @@ class Learner:
         return advantages, returns
 
     # ------------------------------------------------------------------ the step
-    def train_step(self, shard: BatchShard) -> dict[str, float]:
-        """One learner step on this rank's shard; returns this rank's metrics (plain floats)."""
+    def train_step(self, shard: BatchShard) -> TrainResult:
+        """One learner step on this rank's shard: the new version and this rank's metrics (plain floats)."""
         lc = self.cfg.learner
         batch = collate_shard(shard, self.pad_id)
         self.actor.train()
@@ -208,9 +231,10 @@ class Learner:
                 n_steps += 1
         metrics.update({k: v / n_steps for k, v in sums.items()})
         metrics["actor/skipped_steps"] = float(self.skipped_steps)
-        metrics["learner/policy_version"] = float(self.policy_version)
+        metrics["learner/optimizer_steps"] = float(n_steps)
         metrics["learner/num_tokens"] = float(batch.loss_mask.sum())
-        return metrics
+        self.policy_version += 1
+        return TrainResult(self.policy_version, metrics)
 
     def _optimizer_step(self, batch, mini, old_logprobs, old_values, advantages, returns, ref_logprobs):
         a, lc = self.algo_cfg, self.cfg.learner
@@ -272,7 +296,6 @@ class Learner:
         metrics["actor/grad_norm"] = self._clip_and_step(self.actor, self.actor_opt, count_skips=True)
         if self.critic_opt is not None:
             metrics["critic/grad_norm"] = self._clip_and_step(self.critic, self.critic_opt, count_skips=False)
-        self.policy_version += 1
         return metrics
 
     def _clip_and_step(self, model: nn.Module, opt: torch.optim.Optimizer, count_skips: bool) -> float:
@@ -319,10 +342,13 @@ class Learner:
         """Actor weights in checkpoint (Hugging Face) naming, for publishing to the engines."""
         return [(name, p.detach()) for name, p in self.actor.named_parameters()]
 
-    def save_checkpoint(self, path: Path, extra: dict | None = None) -> None:
+    def save_checkpoint(self, path: Path, extra: dict | None = None, write_weights: bool = True) -> None:
+        """Write ``learner_rank{rank}.pt`` (optimizers, critic, RNG, version) and, with ``write_weights``,
+        the actor in Hugging Face layout (one rank writes it: the ranks hold the same weights)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.actor.save_pretrained(path / "actor")
+        if write_weights:
+            self.actor.save_pretrained(path / "actor")
         state = {
             "policy_version": self.policy_version,
             "skipped_steps": self.skipped_steps,

@@ -27,10 +27,10 @@ from ragen_async.transport import make_sender
 class AdmissionGate:
     """Ray shell over the pure :class:`~ragen_async.staleness.AdmissionController` (one per run)."""
 
-    def __init__(self, max_staleness: int | None, groups_per_step: int, published_version: int = 0):
+    def __init__(self, max_staleness: int | None, groups_per_step: int):
         from ragen_async.staleness import AdmissionController
 
-        self.controller = AdmissionController(max_staleness, groups_per_step, published_version)
+        self.controller = AdmissionController(max_staleness, groups_per_step)
 
     def try_admit(self) -> int | None:
         return self.controller.try_admit()
@@ -38,13 +38,18 @@ class AdmissionGate:
     def set_published_version(self, version: int) -> None:
         self.controller.set_published_version(version)
 
-    def on_dropped(self, n: int) -> None:
-        self.controller.on_dropped(n)
+    def resolve(self, consumed: list[int], dropped: list[int]) -> None:
+        self.controller.on_consumed(consumed)
+        self.controller.on_dropped(dropped)
 
     def state(self) -> dict[str, Any]:
+        return self.controller.state()
+
+    def restore(self, state: dict[str, Any]) -> None:
+        from ragen_async.staleness import AdmissionController
+
         c = self.controller
-        return {"published_version": c.published_version, "groups_started": c.groups_started,
-                "capacity": c.capacity()}
+        self.controller = AdmissionController.from_state(c.max_staleness, c.groups_per_step, state)
 
 
 @ray.remote

@@ -117,6 +117,7 @@ _TRAJ_ARRAYS: dict[str, str] = {
 }
 _GROUP_SCALARS: dict[str, _ScalarKind] = {
     "group_id": "str",
+    "index": "int",
     "env_tag": "str",
     "seed": "int",
     "worker_id": "str",

@@ -171,3 +171,66 @@ def test_load_state_dict_with_new_weights_and_inflight_update(h, reference, rand
         assert g.logprobs[switch:] == pytest.approx(ref[switch:], abs=ATOL)
         old = forward_logprobs(new_model, PROMPT + g.token_ids)[len(PROMPT):]
         assert g.logprobs[:switch] == pytest.approx(old[:switch], abs=ATOL)
+
+
+@pytest.mark.vllm
+def test_keep_mode_new_request_never_reuses_prefix_kv_of_older_weights(h, reference, random_tiny_qwen2):
+    """kv_on_update="keep": an update while requests run cannot reset the prefix cache (vLLM refuses
+    while blocks are held), so without a per-version cache salt a NEW request sharing a prefix with a
+    prompt processed under the old weights would attend to that old KV while its tokens are tagged
+    with the new version. The salt makes it recompute the prefix: its log-probs are exactly those of
+    a fresh transformers forward pass under the new weights (ATOL=1e-4, float32 on both sides; a
+    stale prefix moves them by >= 1e-2 on this model)."""
+    new_model = AutoModelForCausalLM.from_pretrained(random_tiny_qwen2, dtype=torch.float32).eval()
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for p in new_model.parameters():
+            p.normal_(0.0, 0.2)
+    eng = h.engine
+    v_old, v_new = eng.policy_version + 1, eng.policy_version + 2
+    long_prompt = [(37 * i + 11) % 512 for i in range(300)]  # many full KV blocks at any block size
+    shared = 288
+    new_prompt = long_prompt[:shared] + [3, 1, 4, 1, 5, 9]
+    inflight_tokens = 180  # 6 + 180 < 512; no stop token: they surely run across the update
+
+    async def scenario():
+        await eng.load_state_dict(reference.state_dict().items(), version=v_old)
+        eng.kv_on_update = "keep"
+        # The long prompt's KV is computed (and prefix-cached) under the old weights.
+        await eng.generate(long_prompt, SamplingConfig(max_tokens=2, seed=1))
+        tasks = [asyncio.create_task(eng.generate(PROMPT, SamplingConfig(max_tokens=inflight_tokens,
+                                                                         seed=30 + i)))
+                 for i in range(4)]
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        probe = eng.llm.generate(TokensPrompt(prompt_token_ids=PROMPT),
+                                 SamplingParams(max_tokens=inflight_tokens, detokenize=False),
+                                 "probe-keep")
+        async for out in probe:  # batched with the tasks: decoding is under way
+            if len(out.outputs[0].token_ids) >= 10:
+                break
+        await probe.aclose()
+        # Requests hold KV blocks: the reset after this update is refused and old blocks stay cached.
+        await eng.load_state_dict(new_model.state_dict().items(), version=v_new)
+        fresh = await eng.generate(new_prompt, SamplingConfig(max_tokens=8, seed=2))
+        return fresh, await asyncio.gather(*tasks)
+
+    try:
+        fresh, inflight = h.run(scenario())
+    finally:
+        eng.kv_on_update = "recompute"
+        h.restore(reference.state_dict(), version=v_new + 1)
+    # The update really happened while the long requests ran (so the reset was refused) ...
+    for g in inflight:
+        assert len(g.token_ids) == inflight_tokens
+        assert g.start_version == v_old and g.end_version == v_new
+        switch = g.token_versions.index(v_new)
+        assert g.token_versions == [v_old] * switch + [v_new] * (inflight_tokens - switch)
+        # under "keep" they continue on their old KV; their earlier tokens carry the old version
+        old = forward_logprobs(reference, PROMPT + g.token_ids)[len(PROMPT):]
+        assert g.logprobs[:switch] == pytest.approx(old[:switch], abs=ATOL)
+    # ... and the new request saw nothing of the old weights.
+    assert fresh.token_versions == [v_new] * 8 and fresh.start_version == v_new
+    ref = forward_logprobs(new_model, new_prompt + fresh.token_ids)[len(new_prompt):]
+    assert fresh.logprobs == pytest.approx(ref, abs=ATOL)

@@ -32,12 +32,12 @@ def make_shard(model_path, cfg, num_ranks=1):
     async def groups():
         return await asyncio.gather(*[
             play_group(policy, chat, lambda: make_env_from_tag("SimpleSokoban"), "SimpleSokoban", 100 + i, 4, limits,
-                       group_id=format_group_id(i)) for i in range(4)])
+                       group_id=format_group_id(i), index=i) for i in range(4)])
 
     buffer = TrajectoryBuffer(4, max_staleness=0, filter_mode="none", filter_ratio=1.0, num_ranks=num_ranks)
     for g in asyncio.run(groups()):
         buffer.add(g, 0, 0.0)
-    shards, _ = buffer.next_batch(0, 0, 0.0)
+    shards = buffer.next_batch(0, 0, 0.0).shards
     return shards
 
 
@@ -45,9 +45,12 @@ def test_train_step_advances_version_and_reports_metrics(tiny_model_path):
     cfg = make_cfg(tiny_model_path)
     learner = Learner(cfg)
     before = [p.detach().clone() for p in learner.actor.parameters()]
-    metrics = learner.train_step(make_shard(tiny_model_path, cfg)[0])
-    # 16 trajectories, mini-batch 8 -> two optimizer steps -> version 2
-    assert learner.policy_version == 2
+    result = learner.train_step(make_shard(tiny_model_path, cfg)[0])
+    metrics = result.metrics
+    # 16 trajectories, mini-batch 8 -> two optimizer steps, but one learner step -> version 1 (the
+    # version unit is the learner step: admission and fixed-lag count in it)
+    assert metrics["learner/optimizer_steps"] == 2
+    assert learner.policy_version == result.version == 1
     for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl",
                 "critic/vf_loss", "mismatch/k3_kl"):
         assert key in metrics and math.isfinite(metrics[key]), key
@@ -58,7 +61,7 @@ def test_grpo_needs_no_critic(tiny_model_path):
     cfg = make_cfg(tiny_model_path, "algo.adv_estimator=grpo")
     learner = Learner(cfg)
     assert learner.critic is None
-    metrics = learner.train_step(make_shard(tiny_model_path, cfg)[0])
+    metrics = learner.train_step(make_shard(tiny_model_path, cfg)[0]).metrics
     assert "critic/vf_loss" not in metrics and math.isfinite(metrics["actor/pg_loss"])
 
 
@@ -81,13 +84,13 @@ def test_checkpoint_resume_reproduces_the_next_step(tiny_model_path, tmp_path):
     a = Learner(cfg)
     a.train_step(shard)
     a.save_checkpoint(tmp_path / "ckpt", extra={"step": 1})
-    expected = a.train_step(shard)
+    expected = a.train_step(shard).metrics
 
     torch.manual_seed(1234)  # resume must not depend on the fresh process's RNG state
     b = Learner(cfg)
     assert b.load_checkpoint(tmp_path / "ckpt") == {"step": 1}
-    assert b.policy_version == 2
-    got = b.train_step(shard)
+    assert b.policy_version == 1
+    got = b.train_step(shard).metrics
     for key in ("actor/pg_loss", "critic/vf_loss", "actor/grad_norm", "actor/entropy"):
         assert got[key] == pytest.approx(expected[key], rel=1e-6, abs=1e-7), key
     for pa, pb in zip(a.actor.parameters(), b.actor.parameters(), strict=True):
@@ -100,7 +103,7 @@ def _ddp_rank(rank, world, port, model_path, shard, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     learner = Learner(make_cfg(model_path, "learner.mini_batch_size=16"), rank=rank, world_size=world)
-    torch.save(learner.train_step(shard), out / f"rank{rank}.pt")
+    torch.save(learner.train_step(shard).metrics, out / f"rank{rank}.pt")
     dist.destroy_process_group()
 
 
@@ -114,10 +117,10 @@ def test_two_ranks_give_the_single_process_gradient(tiny_model_path, tmp_path):
     import torch.multiprocessing as mp
 
     from ragen_async.learner.actor import free_port
-    from ragen_async.ray_runtime import merge_rank_metrics
+    from ragen_async.learner.learner import merge_rank_metrics
 
     cfg = make_cfg(tiny_model_path, "learner.mini_batch_size=16")
-    single = Learner(cfg).train_step(make_shard(tiny_model_path, cfg, num_ranks=1)[0])
+    single = Learner(cfg).train_step(make_shard(tiny_model_path, cfg, num_ranks=1)[0]).metrics
     shards = make_shard(tiny_model_path, cfg, num_ranks=2)
     assert {len(s.trajectories) for s in shards} != {0}
     ctx = mp.get_context("spawn")

@@ -65,6 +65,7 @@ def make_group(rng: np.random.Generator, index: int = 7, size: int = 4) -> Traje
     group_id = f"g{index:08d}"
     return TrajectoryGroup(
         group_id=group_id,
+        index=index,
         env_tag="sokoban",
         seed=index,
         trajectories=tuple(make_trajectory(rng, group_id, i) for i in range(size)),
