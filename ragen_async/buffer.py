@@ -204,9 +204,20 @@ class TrajectoryBuffer:
         return drops
 
     def ready(self, learner_version: int | None = None) -> bool:
-        """Whether :meth:`next_batch` at ``learner_version`` (default: the latest seen) would succeed."""
+        """Whether :meth:`next_batch` at ``learner_version`` (default: the latest seen) would succeed.
+
+        Waiting groups that are over the bound at ``learner_version`` are dropped here (site ``consume``):
+        staleness only grows, so they can never be used, and their admission slots must come back now,
+        not at the next batch, which might otherwise never become ready (a tight bound holds no spare slot).
+        """
         version = self._learner_version if learner_version is None else learner_version
-        usable = sum(self._violation(g, version, consuming=True) is None for g in self._waiting.values())
+        usable = 0
+        for index, group in sorted(self._waiting.items()):
+            reason = self._violation(group, version, consuming=True)
+            if reason == "stale":
+                del self._waiting[index], self._arrived_at[index]
+                self._drop(group, version, "consume", reason)
+            usable += reason is None
         return usable >= self.groups_per_step
 
     # -- staleness gate ----------------------------------------------------------------------------

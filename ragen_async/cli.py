@@ -46,6 +46,8 @@ def train(
     config: ConfigArg = None,
     overrides: OverridesArg = None,
     resume: Annotated[Path | None, typer.Option(help="continue the run in this run directory")] = None,
+    require_val_success: Annotated[float | None, typer.Option(
+        help="exit non-zero unless the final validation success (val/success) reaches this")] = None,
 ) -> None:
     """Train with StarPO-S; prints the run directory, then live progress."""
     _setup_logging()
@@ -64,6 +66,10 @@ def train(
         _fail(str(e))
     console.print(f"done in {time.perf_counter() - t0:.0f} s; run directory {run_dir}")
     print(json.dumps({"run_dir": str(run_dir), **summarize_val(last)}))
+    if require_val_success is not None:
+        got = last.get("val/success")
+        if got is None or got < require_val_success:
+            _fail(f"final validation success {got} is below the required {require_val_success}")
 
 
 def _check_model(path: str) -> None:

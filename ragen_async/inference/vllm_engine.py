@@ -125,7 +125,8 @@ class VLLMEngine(InferenceEngine):
 
         args: dict[str, Any] = dict(
             model=model_path, skip_tokenizer_init=True, dtype=dtype, max_model_len=max_model_len,
-            enforce_eager=True, seed=seed, worker_extension_cls=WORKER_EXTENSION,
+            enforce_eager=True,  # no CUDA-graph capture: weights change under the engine every step
+            seed=seed, worker_extension_cls=WORKER_EXTENSION,
             logprobs_mode="processed_logprobs", max_logprobs=max_logprobs,
             generation_config="vllm", enable_prefix_caching=enable_prefix_caching,
             # No chunked prefill: a prefill split across steps makes vLLM discard the chunk's sampled
