@@ -22,7 +22,7 @@ Job, in order, for every learner step:
    ``batch_num_tokens`` / ``batch_num_seqs`` so that data-parallel loss aggregation equals the
    single-process loss.
 
-In *fixed-lag* mode the engines serve the weights of version v − k (DESIGN.md §3), so every consumed
+In *fixed-lag* mode the engines serve the weights of version v − k (docs/architecture.md), so every consumed
 group must have staleness exactly ``min(k, v)``; a group that does not is dropped as ``off_lag``.
 
 Pure Python + numpy + torch (for the algo calls); no zmq or ray. Times are passed in, never read.

@@ -165,7 +165,7 @@ class RayRuntime(Runtime):
         if time.perf_counter() - self._last_check > self.HEALTH_CHECK_S:
             await asyncio.gather(*[r.check.remote() for r in self.rollouts])  # re-raises a dead loop's error
             self._last_check = time.perf_counter()
-        return await asyncio.to_thread(self.receiver.receive, timeout_s)
+        return self.receiver.receive(timeout_s)  # blocks this loop briefly: nothing else runs on it while collecting
 
     async def train(self, shards: list[BatchShard]) -> TrainResult:
         for sender, shard in zip(self.shard_senders, shards, strict=True):
