@@ -7,9 +7,11 @@ step, and the bound must hold in it. One Ray session serves the whole module.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -34,14 +36,18 @@ def ray_session():
 
 
 def ray_cfg(model_path, tmp_path, *overrides):
+    return load_config("configs/tiny/starpo_s_bandit.yaml", [*ray_cfg_overrides(model_path, tmp_path), *overrides])
+
+
+def ray_cfg_overrides(model_path, tmp_path):
     # 4 groups x 4 episodes per step; StarPO-S keeps 1 group = 4 trajectories, mini-batch 2 -> 2 optimizer
     # steps per learner step (the version still advances by one).
-    return load_config("configs/tiny/starpo_s_bandit.yaml", [
+    return [
         f"model.path={model_path}", f"run_root={tmp_path}", "runtime=ray", "total_steps=5",
         "rollout.group_size=4", "rollout.envs=[{tag: Bandit, n_groups: 4}]", "learner.mini_batch_size=2",
         "learner.micro_batch_size=2", "validation.every=0", "logging.console=false", "rollout.num_workers=2",
         "learner.num_ranks=2", "weight_sync.timeout_s=120", "inference.kv_cache_gib=0.5",
-        "rollout.max_concurrent_groups=4", *overrides])
+        "rollout.max_concurrent_groups=4"]
 
 
 def run_ray(cfg, during=None, run_dir=None, resume=False):
@@ -123,8 +129,6 @@ def test_resume_continues_the_index_sequence_and_the_bound(tiny_model_path, tmp_
     index, the bound holds across the resume, and fixed lag stays exact (its ring was checkpointed)."""
     over = [f"staleness.max_staleness={k}", f"staleness.fixed_lag={str(fixed_lag).lower()}"]
     run_dir, first, _ = run_ray(ray_cfg(tiny_model_path, tmp_path, *over, "total_steps=3"))
-    import json
-
     saved = json.loads((run_dir.checkpoints / "step_000003" / "driver_state.json").read_text())
     _, second, provenance = run_ray(ray_cfg(tiny_model_path, tmp_path, *over, "total_steps=6"),
                                     run_dir=run_dir, resume=True)
@@ -175,3 +179,32 @@ def test_k0_ray_reproduces_the_local_reference(tiny_model_path, tmp_path):
         assert a["rollout/reward_mean"] == pytest.approx(b["rollout/reward_mean"], abs=1e-6)
         for k in ("actor/pg_loss", "critic/vf_loss", "actor/entropy", "actor/grad_norm"):
             assert a[k] == pytest.approx(b[k], rel=1e-3, abs=1e-5), k
+
+
+def test_a_staleness_sweep_trains_for_real_on_ray(tiny_model_path, tmp_path):
+    """`ragen-async sweep` with the real orchestrator (no stand-in train): a bounded and a fixed-lag cell
+    at k = 1 both finish, and each run's provenance shows the staleness its cell asked for."""
+    import io
+
+    import yaml
+    from rich.console import Console
+
+    from ragen_async.experiments.sweep import run_sweep
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "t", "base": str(Path("configs/tiny/starpo_s_bandit.yaml").resolve()),
+        "overrides": {"runtime": "ray", "staleness.max_staleness": 1}, "grid": {"staleness.fixed_lag": [False, True]}}))
+    over = [o for o in ray_cfg_overrides(tiny_model_path, tmp_path) if not o.startswith(("runtime=", "run_root="))]
+    sweep = run_sweep(spec, out=tmp_path / "sweep", overrides=[*over, "total_steps=3"], report=False,
+                      console=Console(file=io.StringIO()))
+    runs = json.loads((sweep.directory / "sweep.json").read_text())["runs"]
+    assert len(runs) == 2 and all(r["status"] == "done" for r in runs.values()), runs
+    for rec in runs.values():
+        fixed = rec["overrides"]["staleness.fixed_lag"]
+        provenance = read_provenance(sweep.directory / rec["run_dir"] / "provenance.jsonl")
+        assert [p["step"] for p in provenance] == [1, 2, 3]
+        staleness = consumed_staleness(provenance)
+        assert max(staleness) <= 1
+        if fixed:
+            assert staleness == [min(1, p["learner_version"]) for p in provenance for _ in p["groups"]]

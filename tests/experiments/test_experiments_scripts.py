@@ -161,7 +161,13 @@ def test_sbatch_interrupts_the_trainer_on_sigterm(fake_slurm):
     while not started.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert started.exists(), "the driver never started"
-    time.sleep(1.0)  # let the batch script reach its `wait` (bash runs traps only between commands)
+    # Signal only once the batch shell sits in its `wait` for the driver (bash runs traps between
+    # commands; earlier, under load, it may not yet have recorded the driver's pid).
+    wchan = Path(f"/proc/{proc.pid}/wchan")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and wchan.read_text().strip() != "do_wait":
+        time.sleep(0.1)
+    time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)  # what SLURM sends before the time limit (--signal=B:TERM@180)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 143, out
