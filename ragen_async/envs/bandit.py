@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ragen_async.envs.base import TextEnv, build_config, episode_rngs
+from ragen_async.envs.base import TextEnv, build_config
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class BanditEnv(TextEnv):
         )
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:  # type: ignore[override]
-        names_rng, self._payout_rng = episode_rngs(seed, 2)
+        names_rng, self._payout_rng = self._reset_rngs(seed, 2)
         lo, hi = self.config.lo_arm_name, self.config.hi_arm_name
         self.action_lookup = {1: lo, 2: hi} if names_rng.integers(2) == 0 else {1: hi, 2: lo}
         self._pull = None

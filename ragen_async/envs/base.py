@@ -33,6 +33,30 @@ ConfigT = TypeVar("ConfigT")
 _TEXT_SPACE = spaces.Text(max_length=4096, min_length=0, charset=string.printable + "√")
 
 
+class ActionNames(spaces.Space):
+    """The action space of an env with a fixed vocabulary: one of ``names`` (case-insensitive)."""
+
+    def __init__(self, names: tuple[str, ...], seed: int | None = None):
+        super().__init__(shape=None, dtype=None, seed=seed)
+        self.names = names
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        return self.names[int(self.np_random.integers(len(self.names)))]
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and x.strip().casefold() in {n.casefold() for n in self.names}
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"ActionNames({self.names})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ActionNames) and other.names == self.names
+
+
 def episode_rngs(seed: int | None, n: int) -> list[np.random.Generator]:
     """``n`` independent generators for one episode, a pure function of ``seed``.
 
@@ -55,9 +79,9 @@ class TextEnv(gym.Env):
     """Base class: reset(seed) -> (text, info), step(action string) -> gymnasium 5-tuple."""
 
     metadata = {"render_modes": ["text"]}
-    # gymnasium's make() requires declared spaces; both are plain text here.
+    # gymnasium's make() requires declared spaces: observations are text; actions are the env's action
+    # names (see ``action_space``), or any text for free-form envs.
     observation_space = _TEXT_SPACE
-    action_space = _TEXT_SPACE
 
     instructions: str = ""
     """Task description placed at the top of the first user message."""
@@ -74,6 +98,16 @@ class TextEnv(gym.Env):
     @abstractmethod
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:  # type: ignore[override]
         """Start a new episode deterministically from ``seed`` (same seed, same state, in any process)."""
+
+    def _reset_rngs(self, seed: int | None, n: int) -> list[np.random.Generator]:
+        """Subclasses' ``reset`` starts here: seeds gymnasium's ``np_random`` (``super().reset``, so
+        gymnasium's wrappers, vector envs and ``check_env`` see a seeded env) and returns the episode's
+        ``n`` generators. A seeded reset is a pure function of ``seed``; an unseeded one continues
+        ``np_random``'s stream (gymnasium's semantics), so it too is reproducible after a seeded reset."""
+        super().reset(seed=seed)
+        if seed is None:
+            seed = int(self.np_random.integers(2**63 - 1))
+        return episode_rngs(seed, n)
 
     @abstractmethod
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:  # type: ignore[override]
@@ -98,6 +132,17 @@ class TextEnv(gym.Env):
     @abstractmethod
     def oracle_actions(self, max_actions: int) -> list[str]:
         """Best next actions (at most ``max_actions``) from the true current state."""
+
+    @property
+    def action_space(self) -> spaces.Space:  # type: ignore[override]
+        """``ActionNames`` of the current vocabulary (it may change at reset), or any text (free-form)."""
+        if not self.action_lookup:
+            return _TEXT_SPACE
+        names = tuple(self.action_lookup.values())
+        cached = self.__dict__.get("_action_space")
+        if cached is None or cached.names != names:
+            cached = self.__dict__["_action_space"] = ActionNames(names)
+        return cached
 
     def valid_actions(self) -> list[str]:
         """Every action string the env accepts (empty for free-form envs)."""

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ragen_async.envs.base import TextEnv, build_config, episode_rngs
+from ragen_async.envs.base import TextEnv, build_config
 
 CORRECT_REWARD = 1.0
 FORMAT_REWARD = 0.1
@@ -164,7 +164,7 @@ class CountdownEnv(TextEnv):
         self._solution: str | None = None
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:  # type: ignore[override]
-        (rng,) = episode_rngs(seed, 1)
+        (rng,) = self._reset_rngs(seed, 1)
         cfg = self.config
         count = int(rng.integers(cfg.min_count, cfg.max_count + 1))  # drawn once: larger tasks fail the range more
         while True:

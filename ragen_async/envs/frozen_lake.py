@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ragen_async.envs.base import TextEnv, build_config, episode_rngs
+from ragen_async.envs.base import TextEnv, build_config
 
 # Action id -> (row, col) step, in RAGEN's (and gymnasium's) order. Consecutive directions are
 # perpendicular, so the slip directions of action id a are a-1, a and a+1 (cyclically).
@@ -120,7 +120,7 @@ class FrozenLakeEnv(TextEnv):
         """Oracle table ``[horizon - 1, tile, direction]``, computed on first use for the current map."""
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:  # type: ignore[override]
-        map_rng, self._slip_rng = episode_rngs(seed, 2)
+        map_rng, self._slip_rng = self._reset_rngs(seed, 2)
         self._lake = generate_map(map_rng, self.config.size, self.config.p_frozen)
         self._player = self._lake.start
         self._num_actions = 0

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ragen_async.envs.base import TextEnv, build_config, episode_rngs
+from ragen_async.envs.base import TextEnv, build_config
 
 STEP_REWARD = -0.1
 BOX_ON_TARGET_REWARD = 1.0
@@ -251,7 +251,7 @@ class SokobanEnv(TextEnv):
         self._plan_from: State | None = None
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:  # type: ignore[override]
-        (rng,) = episode_rngs(seed, 1)
+        (rng,) = self._reset_rngs(seed, 1)
         self._room, self._state, self._plan = generate_level(rng, self.config)
         self._plan_from = self._state
         self._terminated = False
