@@ -88,6 +88,9 @@ class Trainer:
         self.start_step = 0
         self.version = 0
         self.syncs = 0
+        self.received: set[int] = set()
+        """Every group index this process has taken from the runtime (a second copy is refused)."""
+        self.duplicates = 0
 
     # ------------------------------------------------------------------ the loop
     async def run(self) -> dict[str, float]:
@@ -132,7 +135,12 @@ class Trainer:
         """Receive groups until the buffer can assemble this step's batch; report every drop once."""
         while not self.buffer.ready(self.version):
             group = await self.runtime.receive(0.2)
-            if group is not None:
+            if group is not None and group.index in self.received:
+                # A second copy (a replayed frame): training on it twice, or failing on it, is not an option.
+                self.duplicates += 1
+                log.warning("group %d received twice; the copy is ignored", group.index)
+            elif group is not None:
+                self.received.add(group.index)
                 self.buffer.add(group, self.version, time.time())
             await self._report(consumed=[])
         batch = self.buffer.next_batch(self.version, step, time.time())
@@ -179,6 +187,7 @@ class Trainer:
             "staleness/admission_wait_s": float(np.mean(wait)),
             "staleness/admission_refusals": float(admission["refusals"]),
             "staleness/groups_outstanding": float(len(admission["outstanding"])),
+            "transport/duplicate_groups": float(self.duplicates),
             "rollout/engine_versions_min": min(s["policy_version"] for s in stats),
             "timing/step_s": step_s, "timing/wait_batch_s": wait_s, "timing/train_s": train_s,
             "timing/budget_spent_s": budget_s,

@@ -80,7 +80,10 @@ class SimRuntime(Runtime):
             g["versions"].append(self.served)
             g["left"] = int(self.rng.integers(10, 40) if g["slow"] else self.rng.integers(0, 3))
         if self.finished and self.rng.random() < 0.7:
-            return self.finished.pop(int(self.rng.integers(len(self.finished))))  # random arrival order
+            group = self.finished.pop(int(self.rng.integers(len(self.finished))))  # random arrival order
+            if self.rng.random() < 0.05:
+                self.finished.append(group)  # the same frame arrives again later (a replay)
+            return group
         return None
 
     async def train(self, shards):
@@ -154,6 +157,7 @@ def test_every_drop_returns_exactly_one_slot_and_the_bound_holds(tmp_path, k):
     staleness = [p["learner_version"] - g["min_version"] for p in provenance for g in p["groups"]]
     consumed = [g["group_id"] for p in provenance for g in p["groups"]]
     assert len(consumed) == len(set(consumed)) == 40 * 4  # nothing trained on twice
+    assert trainer.duplicates > 0  # ... although copies arrived
     assert "consume" in sites
     if k is None:
         assert "add" not in sites and max(staleness) > 2
