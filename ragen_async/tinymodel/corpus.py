@@ -45,11 +45,16 @@ ARM_NAMES: tuple[str, ...] = (
 only way to name an arm is to copy it from the prompt, which is what the base policy must do."""
 
 
+PINNED_OVERRIDES: dict[str, dict] = {"SimpleSokoban": {"difficulty": "hard"}, "LargerSokoban": {"difficulty": "hard"}}
+"""Env options the warm-start corpus keeps fixed when the envs' defaults move, so the tiny model (and its
+cache key) stays the build that was validated: Sokoban's default became RAGEN's easier levels later."""
+
+
 def make_env(tag: str) -> TextEnv:
-    """A fresh environment for ``tag`` from the project's env registry."""
+    """A fresh environment for ``tag`` from the project's env registry (with :data:`PINNED_OVERRIDES`)."""
     from ragen_async.envs.registry import make_env_from_tag
 
-    return make_env_from_tag(tag)
+    return make_env_from_tag(tag, **PINNED_OVERRIDES.get(tag, {}))
 
 
 def renamed_bandit(env: TextEnv, rng: random.Random, names: tuple[str, ...] = ARM_NAMES) -> TextEnv:

@@ -4,9 +4,11 @@ import random
 import time
 from collections import deque
 
+import numpy as np
 import pytest
 
-from ragen_async.envs.sokoban import Room, SokobanEnv
+from ragen_async.envs.registry import make_env_from_tag
+from ragen_async.envs.sokoban import Room, SokobanEnv, move, solve
 
 MOVES = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
 
@@ -81,9 +83,11 @@ def check_render(render: str, rows: int, cols: int, num_boxes: int) -> None:
     assert sum(render.count(s) for s in "O√S") == num_boxes
 
 
+@pytest.mark.parametrize("difficulty", ["ragen", "hard"])
 @pytest.mark.parametrize(("dim_room", "num_boxes", "num_seeds"), [((6, 6), 1, 300), ((8, 8), 2, 40)])
-def test_generated_levels_are_solvable_within_budget(dim_room, num_boxes, num_seeds):
-    env = SokobanEnv(dim_room=dim_room, num_boxes=num_boxes)
+def test_generated_levels_are_solvable_within_budget(dim_room, num_boxes, num_seeds, difficulty):
+    env = SokobanEnv(dim_room=dim_room, num_boxes=num_boxes, difficulty=difficulty)
+    shortest = 3 if difficulty == "hard" else 1  # hard: two pushes and a free step at least
     lengths = set()
     for seed in range(num_seeds):
         obs, _ = env.reset(seed=seed)
@@ -91,7 +95,7 @@ def test_generated_levels_are_solvable_within_budget(dim_room, num_boxes, num_se
         assert "√" not in obs, "no box starts on a target"
         length = shortest_solution_length(obs)
         assert length is not None, f"seed {seed} unsolvable:\n{obs}"
-        assert 3 <= length <= env.max_actions_per_episode
+        assert shortest <= length <= env.max_actions_per_episode
         assert len(env.oracle_actions(100)) == length
         lengths.add(length)
     assert len(lengths) >= 4, "levels should vary in difficulty"
@@ -114,7 +118,7 @@ def test_oracle_solves_every_level_with_its_plan():
 
 
 def test_oracle_replans_after_a_detour():
-    env = SokobanEnv()
+    env = SokobanEnv(difficulty="hard")  # no level one random move could solve
     rng = random.Random(0)
     replanned = 0
     for seed in range(100):
@@ -200,3 +204,37 @@ def test_step_reward_is_configurable_and_the_prompt_follows_it():
     plan = default.oracle_actions(default.max_actions_per_episode)
     totals = [sum(env.step(action)[1] for action in plan) for env in (default, free)]
     assert totals == pytest.approx([-0.1 * len(plan) + 11.0, 11.0])
+
+
+def _level_statistics(difficulty: str, seeds: range = range(300)) -> tuple[float, float, float, float]:
+    """Shortest-solution median, mean and p90 (the generator's own BFS) and the fraction of levels that
+    ten uniformly random moves solve, over reset seeds ``seeds`` of SimpleSokoban."""
+    lengths, solved = [], 0
+    for seed in seeds:
+        env = make_env_from_tag("SimpleSokoban", difficulty=difficulty)
+        env.reset(seed=seed)
+        room, state = env._room, env._state
+        lengths.append(len(solve(room, state)))
+        rng = np.random.default_rng(10_000 + seed)
+        for _ in range(10):
+            state = move(room, state, int(rng.integers(1, 5)))
+            if state[1] == room.targets:
+                solved += 1
+                break
+    lengths = np.asarray(lengths)
+    return float(np.median(lengths)), float(lengths.mean()), float(np.percentile(lengths, 90)), solved / len(seeds)
+
+
+def test_default_difficulty_matches_ragens_level_distribution():
+    """RAGEN's generator over seeds 0-299: shortest solution median 2, mean ~3.3, p90 6; ten random moves
+    solve ~27 %. The default preset must match: median 2 +- 1, mean 3.3 +- 0.7, random >= 20 %."""
+    median, mean, _, random_solved = _level_statistics("ragen")
+    assert 1 <= median <= 3 and abs(mean - 3.3) <= 0.7 and random_solved >= 0.20, (median, mean, random_solved)
+    assert make_env_from_tag("SimpleSokoban").config.difficulty == "ragen"
+
+
+def test_hard_preset_keeps_the_earlier_harder_levels():
+    median, mean, p90, random_solved = _level_statistics("hard")
+    assert median >= 5 and mean >= 5 and random_solved < 0.06, (median, mean, p90, random_solved)
+    with pytest.raises(ValueError, match="difficulty"):
+        make_env_from_tag("SimpleSokoban", difficulty="impossible")
