@@ -78,6 +78,31 @@ def _check_model(path: str) -> None:
               f"run `ragen-async make-model` or point model.path at a local checkpoint")
 
 
+@app.command()
+def audit(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> None:
+    """Account for every group index a run admitted (consumed, dropped and why, or outstanding at its
+    latest checkpoint); exits 1 on any duplicate or unexplained index."""
+    from ragen_async.orchestrator import DRIVER_STATE
+    from ragen_async.provenance import audit as audit_run
+    from ragen_async.provenance import read_provenance
+    from ragen_async.rundir import RunDir
+
+    rd = RunDir(run_dir)
+    checkpoint = rd.latest_checkpoint() if rd.checkpoints.is_dir() else None
+    if checkpoint is None or not (rd.path / "provenance.jsonl").is_file():
+        _fail(f"{run_dir} has no complete checkpoint and provenance.jsonl to audit")
+    state = json.loads((checkpoint / DRIVER_STATE).read_text())
+    result = audit_run(read_provenance(rd.path / "provenance.jsonl"), state["admission"], int(state["step"]))
+    console.print(f"{run_dir} up to step {state['step']} ({checkpoint.name}): {result['admitted']} admitted = "
+                  f"{result['consumed']} consumed + {result['dropped']} dropped + {result['outstanding']} "
+                  f"outstanding; drops by reason: {result['drop_reasons'] or 'none'}")
+    print(json.dumps(result))
+    if result["duplicates"] or result["unexplained"]:
+        console.print(f"[bold red]error:[/] duplicates {result['duplicates'][:20]}, "
+                      f"unexplained {result['unexplained'][:20]}")
+        raise typer.Exit(1)
+
+
 @app.command("eval")
 def eval_cmd(
     config: ConfigArg = None,

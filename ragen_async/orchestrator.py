@@ -91,6 +91,7 @@ class Trainer:
         self.received: set[int] = set()
         """Every group index this process has taken from the runtime (a second copy is refused)."""
         self.duplicates = 0
+        self._drops: list[dict] = []
 
     # ------------------------------------------------------------------ the loop
     async def run(self) -> dict[str, float]:
@@ -145,13 +146,16 @@ class Trainer:
             await self._report(consumed=[])
         batch = self.buffer.next_batch(self.version, step, time.time())
         await self._report(consumed=batch.indices)
-        self.provenance.write(step + 1, self.version, batch.groups, batch.shards)
+        self.provenance.write(step + 1, self.version, batch.groups, batch.shards, self._drops)
+        self._drops = []
         return batch
 
     async def _report(self, consumed: list[int]) -> None:
-        dropped = [d.index for d in self.buffer.drain_drops()]
-        if consumed or dropped:
-            await self.runtime.admission.resolve(consumed, dropped)
+        drops = self.buffer.drain_drops()
+        self._drops += [{"index": d.index, "reason": d.reason, "where": d.where, "staleness": d.staleness}
+                        for d in drops]
+        if consumed or drops:
+            await self.runtime.admission.resolve(consumed, [d.index for d in drops])
 
     def published_version(self) -> int:
         """What the engines serve at learner version v: v, or v - k under fixed lag."""

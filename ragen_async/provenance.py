@@ -17,20 +17,22 @@ from ragen_async.protocol import BatchShard, TrajectoryGroup
 
 
 def provenance_record(step: int, learner_version: int, groups: Sequence[TrajectoryGroup],
-                      shards: Sequence[BatchShard]) -> dict:
+                      shards: Sequence[BatchShard], dropped: Sequence[dict] = ()) -> dict:
+    """One step: every consumed group (``groups``: index, id, seed, worker, kept, versions, scores) and
+    every group dropped while this step's batch was collected (``dropped``: index, reason, where)."""
     kept = {t.traj_id for s in shards for t in s.trajectories}
     out = []
     for g in groups:
         versions = [t.token_versions[t.loss_mask.astype(bool)] for t in g.trajectories]
         sampled = np.concatenate(versions) if versions else np.zeros(0, dtype=np.int32)
         out.append({
-            "group_id": g.group_id, "env_tag": g.env_tag, "seed": g.seed, "worker": g.worker_id,
+            "index": g.index, "group_id": g.group_id, "env_tag": g.env_tag, "seed": g.seed, "worker": g.worker_id,
             "kept": any(t.traj_id in kept for t in g.trajectories),
             "min_version": int(sampled.min()) if sampled.size else None,
             "max_version": int(sampled.max()) if sampled.size else None,
             "scores": [round(float(x), 6) for x in g.scores],
         })
-    return {"step": step, "learner_version": learner_version, "groups": out}
+    return {"step": step, "learner_version": learner_version, "groups": out, "dropped": list(dropped)}
 
 
 class ProvenanceLog:
@@ -38,9 +40,9 @@ class ProvenanceLog:
         self._f = Path(path).open("a", buffering=1) if path is not None else None
 
     def write(self, step: int, learner_version: int, groups: Sequence[TrajectoryGroup],
-              shards: Sequence[BatchShard]) -> None:
+              shards: Sequence[BatchShard], dropped: Sequence[dict] = ()) -> None:
         if self._f is not None:
-            self._f.write(json.dumps(provenance_record(step, learner_version, groups, shards)) + "\n")
+            self._f.write(json.dumps(provenance_record(step, learner_version, groups, shards, dropped)) + "\n")
 
     def close(self) -> None:
         if self._f is not None:
@@ -64,3 +66,37 @@ def rewind_jsonl(path: Path, step: int, key: str) -> int:
     tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
     tmp.replace(path)
     return seen
+
+
+def audit(provenance: Sequence[dict], admission: dict, up_to_step: int) -> dict:
+    """Account for every group index the run admitted, from its provenance and the admission state of a
+    checkpoint taken after step ``up_to_step``: each index must be consumed once, dropped once (with its
+    reason), or still outstanding at the checkpoint (in flight or waiting; replayed on resume).
+
+    Returns totals and the problems found: ``duplicates`` (an index consumed or dropped more than once, or
+    both) and ``unexplained`` (an index below the admission counter that is none of the three).
+    """
+    seen: dict[int, list[str]] = {}
+    reasons: dict[str, int] = {}
+    for record in provenance:
+        if record["step"] > up_to_step:
+            continue
+        for g in record["groups"]:
+            seen.setdefault(int(g["index"]), []).append("consumed")
+        for d in record.get("dropped", []):
+            seen.setdefault(int(d["index"]), []).append("dropped")
+            key = f"{d['reason']}@{d['where']}"
+            reasons[key] = reasons.get(key, 0) + 1
+    outstanding = {int(i) for i in admission["outstanding"]}
+    duplicates = sorted(i for i, what in seen.items() if len(what) > 1 or i in outstanding)
+    admitted = int(admission["next_index"])
+    unexplained = sorted(i for i in range(admitted) if i not in seen and i not in outstanding)
+    return {
+        "admitted": admitted,
+        "consumed": sum(what.count("consumed") for what in seen.values()),
+        "dropped": sum(what.count("dropped") for what in seen.values()),
+        "drop_reasons": reasons,
+        "outstanding": len(outstanding),
+        "duplicates": duplicates,
+        "unexplained": unexplained,
+    }

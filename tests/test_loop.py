@@ -167,3 +167,43 @@ def test_every_drop_returns_exactly_one_slot_and_the_bound_holds(tmp_path, k):
     if k > 0:
         assert max(staleness) == k  # the bound was reached, not only respected
         assert "add" in sites  # slow groups arrived already too stale
+
+
+def test_audit_accounts_for_every_index_and_catches_a_duplicate(tmp_path):
+    """`ragen-async audit`: every admitted index consumed once, dropped once (why), or outstanding at the
+    last checkpoint; a group trained on twice, or one that vanished, makes it exit 1."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from ragen_async.cli import app
+
+    cfg = sim_cfg(tmp_path, 1, steps=20)
+    runtime = SimRuntime(1, groups_per_step=4, producers=12, seed=3)
+    run_dir = RunDir.create(cfg)
+    trainer = Trainer(cfg, run_dir, MemorySink(), runtime)
+    asyncio.run(trainer.run())
+    trainer.close()
+    ctrl = runtime.admission.controller
+
+    result = CliRunner().invoke(app, ["audit", str(run_dir.path)])
+    assert result.exit_code == 0, result.output
+    totals = json.loads(result.output.strip().splitlines()[-1])
+    assert totals["consumed"] == 80 and totals["dropped"] == ctrl.groups_dropped > 0
+    assert totals["admitted"] == ctrl.groups_admitted == 80 + totals["dropped"] + totals["outstanding"]
+    assert set(totals["drop_reasons"]) == {"stale@add"}
+
+    path = run_dir.path / "provenance.jsonl"
+    lines = path.read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    twice = records[0]["groups"][0]
+    records[-1]["groups"].append(twice)  # a group trained on twice
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = CliRunner().invoke(app, ["audit", str(run_dir.path)])
+    assert result.exit_code == 1 and f"duplicates [{twice['index']}]" in result.output
+
+    records[-1]["groups"].pop()
+    records[1]["groups"].pop()  # a consumed group whose record is lost: an unexplained gap
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = CliRunner().invoke(app, ["audit", str(run_dir.path)])
+    assert result.exit_code == 1 and "unexplained" in result.output

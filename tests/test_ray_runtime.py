@@ -18,7 +18,7 @@ import pytest
 from ragen_async.config import load_config
 from ragen_async.metrics import MemorySink
 from ragen_async.orchestrator import run_trainer
-from ragen_async.provenance import read_provenance
+from ragen_async.provenance import audit, read_provenance
 from ragen_async.rundir import RunDir
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -143,6 +143,9 @@ def test_resume_continues_the_index_sequence_and_the_bound(tiny_model_path, tmp_
     assert min(saved["admission"]["outstanding"]) in after  # the outstanding groups were replayed
     staleness = consumed_staleness(provenance)
     assert max(staleness) <= k
+    final = json.loads((run_dir.checkpoints / "step_000006" / "driver_state.json").read_text())
+    accounting = audit(provenance, final["admission"], 6)  # what `ragen-async audit` checks
+    assert accounting["consumed"] == 24 and not accounting["duplicates"] and not accounting["unexplained"]
     if fixed_lag:
         assert all(p["learner_version"] - g["min_version"] == min(k, p["learner_version"])
                    for p in provenance for g in p["groups"])

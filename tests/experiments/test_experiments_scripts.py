@@ -154,8 +154,12 @@ def test_sbatch_passes_the_trainer_exit_status_and_resumes_sweeps_as_saved(fake_
 
 def test_sbatch_interrupts_the_trainer_on_sigterm(fake_slurm):
     env, log = fake_slurm
+    # SLURM starts the batch shell with default signal dispositions. A test runner started in the
+    # background (`cmd &` in a script) has SIGINT ignored, and bash cannot un-ignore a signal ignored
+    # at its entry, so give the script the disposition it has under SLURM.
     proc = subprocess.Popen(["bash", str(SCRIPTS[2]), CONFIG], env={**os.environ, **env, "DRIVER_MODE": "hang"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     started = Path(f"{log}.started")
     deadline = time.monotonic() + 30
     while not started.exists() and time.monotonic() < deadline:
