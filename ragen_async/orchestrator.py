@@ -34,7 +34,7 @@ from ragen_async.config import RunConfig, load_config
 from ragen_async.metrics import ConsoleSink, JsonlSink, MetricsSink, MultiSink, WandbSink, resolve_wandb_mode
 from ragen_async.provenance import ProvenanceLog, rewind_jsonl
 from ragen_async.rollout.worker import rollout_metrics
-from ragen_async.rundir import RunDir, checkpoint_path, save_checkpoint_marker
+from ragen_async.rundir import RunDir, finalize_checkpoint, staging_path
 from ragen_async.runtime import Runtime, probe_ids
 
 log = logging.getLogger(__name__)
@@ -208,13 +208,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     async def save(self, step: int) -> Path:
-        path = checkpoint_path(self.run_dir, step)
+        """Learner side (runtime) + driver state, written to a staging directory, then renamed (atomic)."""
+        path = staging_path(self.run_dir, step)
         await self.runtime.save(path, step)
         state = {"step": step, "version": self.version, "syncs": self.syncs,
                  "admission": await self.runtime.admission.state()}
         (path / DRIVER_STATE).write_text(json.dumps(state))
-        save_checkpoint_marker(path)
-        return path
+        return finalize_checkpoint(self.run_dir, path, step)
 
     async def resume(self, checkpoint: Path) -> None:
         state = json.loads((checkpoint / DRIVER_STATE).read_text())

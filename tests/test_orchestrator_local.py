@@ -105,3 +105,21 @@ def test_three_steps_with_vllm_and_weights_reach_the_engine(tiny_model_path, tmp
     assert runtime.engine.policy_version == 3
     # float32 on both sides; kernels differ only in reduction order (see tests/inference for the bound).
     assert all(r["weight_sync/probe_max_abs_diff"] < 2e-3 for r in steps)
+
+
+def test_a_damaged_checkpoint_is_detected_and_the_previous_one_used(tiny_model_path, tmp_path, caplog):
+    """Checkpoints are staged then renamed, with a manifest; a truncated file in the newest one is found
+    on resume, logged, and the run continues from the one before."""
+    chat = ChatFormat.from_pretrained(tiny_model_path)
+    cfg = bandit_cfg(tiny_model_path, tmp_path, "validation.every=0", "checkpoint_every=1", "total_steps=2")
+    run_dir, _, _ = run_local(cfg, fake_bandit_engine(chat))
+    assert sorted(p.name for p in run_dir.checkpoints.iterdir()) == ["step_000001", "step_000002"]  # no partials
+    state = run_dir.checkpoints / "step_000002" / "learner_rank0.pt"
+    state.write_bytes(state.read_bytes()[:100])  # truncated, as by a crash or a full disk
+
+    cfg3 = bandit_cfg(tiny_model_path, tmp_path, "validation.every=0", "checkpoint_every=1", "total_steps=3")
+    with caplog.at_level("WARNING"):
+        _, resumed, _ = run_local(cfg3, fake_bandit_engine(chat), run_dir=run_dir, resume=True)
+    assert "step_000002 is damaged (learner_rank0.pt has 100 bytes" in caplog.text
+    assert [r["learner/step"] for r in resumed if "actor/grad_norm" in r] == [2, 3]
+    assert run_dir.latest_checkpoint().name == "step_000003"
