@@ -15,7 +15,22 @@ from rich.console import Console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Asynchronous StarPO-S training of multi-turn LLM agents.")
-console = Console(stderr=True)
+# Off a terminal (SLURM logs, CI), long lines stay whole instead of being wrapped at 80 columns.
+console = Console(stderr=True, soft_wrap=not sys.stderr.isatty())
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"ragen-async {version('ragen_async')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="print the version and exit")] = False) -> None:
+    """Asynchronous StarPO-S training of multi-turn LLM agents."""
 
 ConfigArg = Annotated[Path | None, typer.Argument(help="YAML config (configs/*.yaml); defaults if omitted")]
 OverridesArg = Annotated[list[str] | None, typer.Argument(help="dotted overrides, e.g. algo.clip_eps_high=0.28")]
@@ -31,9 +46,20 @@ def _load(config: Path | None, overrides: list[str] | None):
 
     # A config path may be given as the first override-looking argument by mistake; say so clearly.
     try:
-        return load_config(config, overrides or [])
+        cfg = load_config(config, overrides or [])
     except ConfigError as e:
         _fail(str(e))
+    from ragen_async.envs.registry import make_env_from_tag
+
+    # Environments are built here once, before anything is created or loaded: an unknown tag or option
+    # is one line, not a traceback after the run directory exists.
+    for where, specs in (("rollout.envs", cfg.rollout.envs), ("validation.envs", cfg.validation.envs)):
+        for spec in specs:
+            try:
+                make_env_from_tag(spec.tag, **spec.overrides)
+            except (ValueError, TypeError) as e:
+                _fail(f"{where}: {e}")
+    return cfg
 
 
 def _setup_logging() -> None:

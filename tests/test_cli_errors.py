@@ -1,0 +1,23 @@
+"""Bad input is one clear line and exit 2, found before anything is created or loaded."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from ragen_async.cli import app
+
+
+def test_unknown_env_tag_or_option_fails_before_the_run_directory_exists(tmp_path):
+    for override, message in [("rollout.envs=[{tag: Bandti, n_groups: 8}]", "unknown env tag 'Bandti'"),
+                              ("validation.envs=[{tag: SimpleSokoban, n_groups: 8, overrides: {difficulty: easy}}]",
+                               "difficulty must be one of")]:
+        result = CliRunner().invoke(app, ["train", "configs/tiny/starpo_s_bandit.yaml", override,
+                                          f"run_root={tmp_path / 'runs'}"])
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert "Traceback" not in result.output
+        assert not (tmp_path / "runs").exists()
+
+
+def test_version():
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.startswith("ragen-async ")
