@@ -186,7 +186,7 @@ class Trainer:
         return {
             "learner/step": step, "policy_version": self.version,
             **batch.metrics, **rollout_metrics(batch.groups), **learner_metrics, **sync,
-            "rollout/idle_frac": float(np.mean([max(0.0, 1 - b / max(step_s, 1e-9)) for b in busy])),
+            "rollout/idle_frac": float(np.mean([min(1.0, max(0.0, 1 - b / max(step_s, 1e-9))) for b in busy])),
             "learner/idle_frac": max(0.0, 1 - train_s / max(step_s, 1e-9)),
             "staleness/admission_wait_s": float(np.mean(wait)),
             "staleness/admission_refusals": float(admission["refusals"]),

@@ -72,6 +72,11 @@ class RayRuntime(Runtime):
         self.receiver = None
         self.shard_senders: list[Any] = []
         self._last_check = time.perf_counter()
+        self._published = 0
+        self._started = False
+        self.restarts = 0
+        self.abandoned = 0
+        self._last_stats: list[dict[str, float]] = []
         self._init_ray()
         try:
             self._build()
@@ -121,24 +126,30 @@ class RayRuntime(Runtime):
                                           send_timeout_s=cfg.transport.send_timeout_s)
                               for addr in ray.get([lrn.shard_address.remote() for lrn in self.learners])]
 
-        R = cfg.rollout.num_workers
-        threads = max(1, int(cfg.rollout.cpus_per_worker))
-        self.rollouts = [
-            RolloutActor.options(num_cpus=cfg.rollout.cpus_per_worker, num_gpus=cfg.rollout.gpus_per_worker,
-                                 max_concurrency=64).remote(data, f"w{i}", self.receiver.address, secret,
-                                                            self.gate, threads)
-            for i in range(R)
-        ]
+        self._secret = secret
+        self.rollouts = [self._rollout_actor(i) for i in range(cfg.rollout.num_workers)]
         ray.get([r.setup.remote() for r in self.rollouts])
         self.weight_backend = self._weight_backend()
         if self.weight_backend == "gloo":
-            address, port, self.manifest = ray.get(self.learners[0].open_weight_group.remote(R))
-            connect = self.learners[0].connect_weight_group.remote()
-            ray.get([r.init_weight_group.remote(address, port, R + 1, i + 1, cfg.weight_sync.timeout_s)
-                     for i, r in enumerate(self.rollouts)] + [connect])
+            ray.get(self._join_gloo_group())
         elif self.weight_backend == "nccl":
             self._connect_nccl()
         self._vocab_size = int(ray.get(self.learners[0].vocab_size.remote()))
+
+    def _rollout_actor(self, i: int) -> Any:
+        cfg = self.cfg
+        return RolloutActor.options(num_cpus=cfg.rollout.cpus_per_worker, num_gpus=cfg.rollout.gpus_per_worker,
+                                    max_concurrency=64).remote(cfg.model_dump(mode="json"), f"w{i}",
+                                                               self.receiver.address, self._secret, self.gate,
+                                                               max(1, int(cfg.rollout.cpus_per_worker)))
+
+    def _join_gloo_group(self) -> list[Any]:
+        """(Re)form the weight-broadcast group: learner rank 0 plus every rollout actor's engine."""
+        R = len(self.rollouts)
+        address, port, self.manifest = ray.get(self.learners[0].open_weight_group.remote(R))
+        connect = self.learners[0].connect_weight_group.remote()
+        return [r.init_weight_group.remote(address, port, R + 1, i + 1, self.cfg.weight_sync.timeout_s)
+                for i, r in enumerate(self.rollouts)] + [connect]
 
     def _connect_nccl(self) -> None:
         """GPU path: vLLM's native NCCL weight-transfer engine, driven from learner rank 0."""
@@ -160,12 +171,54 @@ class RayRuntime(Runtime):
     # ------------------------------------------------------------------ the seam
     async def start(self) -> None:
         await asyncio.gather(*[r.start.remote() for r in self.rollouts])
+        self._started = True
 
     async def receive(self, timeout_s: float) -> TrajectoryGroup | None:
         if time.perf_counter() - self._last_check > self.HEALTH_CHECK_S:
-            await asyncio.gather(*[r.check.remote() for r in self.rollouts])  # re-raises a dead loop's error
+            await self._replace_dead()
             self._last_check = time.perf_counter()
         return self.receiver.receive(timeout_s)  # blocks this loop briefly: nothing else runs on it while collecting
+
+    # ------------------------------------------------------------------ rollout actor failures
+    async def _replace_dead(self) -> None:
+        """Replace every rollout actor whose process died; re-raise the error of a loop that failed."""
+        results = await asyncio.gather(*[r.check.remote() for r in self.rollouts], return_exceptions=True)
+        dead = [i for i, res in enumerate(results) if isinstance(res, ray.exceptions.RayActorError)]
+        for res in results:
+            if isinstance(res, BaseException) and not isinstance(res, ray.exceptions.RayActorError):
+                raise res
+        if dead:
+            await self._replace(dead)
+
+    async def _replace(self, dead: list[int]) -> None:
+        """New actors for dead ones: their admitted but undelivered groups go back to the gate to be replayed
+        under the same index and seed, the weight group is formed again, the new engines get the current
+        weights, and they start playing. A replacement that dies while starting is replaced again."""
+        if self.weight_backend == "nccl":
+            raise RuntimeError(f"rollout actor(s) {dead} died; replacing actors on the NCCL path is not supported")
+        for _ in range(3):
+            for i in dead:
+                lost = await self.gate.abandon.remote(f"w{i}")
+                self.abandoned += len(lost)
+                log.warning("rollout actor w%d died; its %d undelivered group(s) %s will be replayed", i,
+                            len(lost), lost)
+                ray.kill(self.rollouts[i], no_restart=True)
+                self.rollouts[i] = self._rollout_actor(i)
+            try:
+                await asyncio.gather(*[self.rollouts[i].setup.remote() for i in dead])
+                if self.weight_backend == "gloo":
+                    await asyncio.gather(*self._join_gloo_group())
+                await self._broadcast(self._published)
+                if self._started:
+                    await asyncio.gather(*[self.rollouts[i].start.remote() for i in dead])
+            except ray.exceptions.RayActorError as e:
+                log.warning("replacing rollout actor(s) %s failed (%s); trying again", dead, str(e).splitlines()[0])
+                results = await asyncio.gather(*[r.check.remote() for r in self.rollouts], return_exceptions=True)
+                dead = [i for i, res in enumerate(results) if isinstance(res, ray.exceptions.RayActorError)] or dead
+                continue
+            self.restarts += len(dead)
+            return
+        raise RuntimeError(f"could not replace rollout actor(s) {dead} after 3 attempts")
 
     async def train(self, shards: list[BatchShard]) -> TrainResult:
         for sender, shard in zip(self.shard_senders, shards, strict=True):
@@ -175,13 +228,32 @@ class RayRuntime(Runtime):
             raise RuntimeError(f"learner ranks disagree on the version: {[r.version for r in results]}")
         metrics = merge_rank_metrics([r.metrics for r in results])
         metrics.update(self.receiver.stats.as_metrics("transport"))
+        metrics.update({"rollout/actor_restarts": float(self.restarts), "rollout/abandoned_groups": float(self.abandoned)})
         return TrainResult(results[0].version, metrics)
 
     async def publish(self, version: int) -> None:
+        """Weights to every engine. A rollout actor that dies during the sync is replaced and the sync
+        repeated (the broadcast's other peers fail within ``weight_sync.timeout_s``)."""
+        self._published = version  # what every engine must serve from now on, replacements included
+        for _ in range(3):
+            await self._replace_dead()
+            try:
+                await self._broadcast(version)
+                return
+            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:
+                log.warning("weight sync of version %d failed (%s); checking the rollout actors", version,
+                            str(e).splitlines()[0])
+                last = e
+        raise RuntimeError(f"weight sync of version {version} failed three times") from last
+
+    async def _broadcast(self, version: int) -> None:
         if self.weight_backend == "gloo":
             sender = self.learners[0].publish.remote(version)
             receivers = [r.receive_broadcast.remote(self.manifest, version) for r in self.rollouts]
-            await asyncio.gather(sender, *receivers)
+            results = await asyncio.gather(sender, *receivers, return_exceptions=True)  # wait for every peer
+            for res in results:
+                if isinstance(res, BaseException):
+                    raise res
         elif self.weight_backend == "nccl":
             await self.learners[0].publish.remote(version)  # rank 0's client drives every engine
         else:  # rpc: tensors through the object store (tests, tiny models)
@@ -195,10 +267,21 @@ class RayRuntime(Runtime):
 
     async def validate(self) -> dict[str, float]:
         """On the first rollout actor's engine (its other groups keep playing meanwhile)."""
+        await self._replace_dead()
         return await self.rollouts[0].validate.remote()
 
     async def rollout_stats(self) -> list[dict[str, float]]:
-        return await asyncio.gather(*[r.stats.remote() for r in self.rollouts])
+        """Per actor; an actor that just died reports its last known numbers (it is replaced on the next check)."""
+        results = await asyncio.gather(*[r.stats.remote() for r in self.rollouts], return_exceptions=True)
+        stats = []
+        for i, res in enumerate(results):
+            if isinstance(res, ray.exceptions.RayActorError) and i < len(self._last_stats):
+                res = self._last_stats[i]
+            elif isinstance(res, BaseException):
+                raise res
+            stats.append(res)
+        self._last_stats = stats
+        return stats
 
     async def save(self, path: Path, step: int) -> None:
         await asyncio.gather(*[lrn.save_checkpoint.remote(str(path), step) for lrn in self.learners])

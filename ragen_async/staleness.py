@@ -95,6 +95,7 @@ class AdmissionController:
         self._published_version = published_version
         self._next_index = 0
         self._outstanding: set[int] = set()
+        self._owner: dict[int, str] = {}
         self._replay: list[int] = []
         self._dropped = 0
         self._consumed = 0
@@ -140,18 +141,30 @@ class AdmissionController:
         limit = self.limit()
         return None if limit is None else max(0, limit - self.groups_started)
 
-    def try_admit(self) -> int | None:
-        """Admit one group: its global sequence index, or ``None`` if the budget is used up."""
+    def try_admit(self, owner: str = "") -> int | None:
+        """Admit one group for producer ``owner``: its global sequence index, or ``None`` if the budget is
+        used up. Indices waiting to be replayed (resume, abandoned) come first and need no new slot."""
         if self._replay:
-            return self._replay.pop(0)
-        capacity = self.capacity()
-        if capacity is not None and capacity <= 0:
-            self.refusals += 1
-            return None
-        index = self._next_index
-        self._next_index += 1
-        self._outstanding.add(index)
+            index = self._replay.pop(0)
+        else:
+            capacity = self.capacity()
+            if capacity is not None and capacity <= 0:
+                self.refusals += 1
+                return None
+            index = self._next_index
+            self._next_index += 1
+            self._outstanding.add(index)
+        self._owner[index] = owner
         return index
+
+    def abandon(self, owner: str) -> list[int]:
+        """A producer died: its outstanding groups go back to the front of the queue, to be played again
+        under the same index (so the same seed) by another producer. Returns those indices."""
+        lost = sorted(i for i, o in self._owner.items() if o == owner)
+        for i in lost:
+            del self._owner[i]
+        self._replay = sorted({*self._replay, *lost})
+        return lost
 
     def set_published_version(self, version: int) -> None:
         """Record that every engine now serves ``version`` (opens ``groups_per_step`` slots per version)."""
@@ -164,10 +177,13 @@ class AdmissionController:
         if len(set(indices)) != len(indices):
             raise ValueError(f"{what}: index reported twice in one call: {sorted(indices)}")
         for i in indices:
-            if i not in self._outstanding or i in self._replay:
-                raise ValueError(f"{what}: group {i} is not outstanding (never admitted, already reported, "
-                                 "or waiting to be replayed)")
+            if i not in self._outstanding:
+                raise ValueError(f"{what}: group {i} is not outstanding (never admitted, or already reported)")
         self._outstanding.difference_update(indices)
+        for i in indices:
+            self._owner.pop(i, None)
+            if i in self._replay:  # abandoned, yet its group had arrived: nothing left to replay
+                self._replay.remove(i)
         return len(indices)
 
     def on_consumed(self, indices: Iterable[int]) -> None:

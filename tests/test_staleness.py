@@ -114,6 +114,19 @@ def test_invalid_use_is_refused():
     assert ctrl.groups_started == 0 and ctrl.groups_dropped == 1
 
 
+def test_abandoned_groups_are_replayed_under_their_own_index():
+    ctrl = AdmissionController(max_staleness=0, groups_per_step=4)
+    assert [ctrl.try_admit("w0"), ctrl.try_admit("w1"), ctrl.try_admit("w1"), ctrl.try_admit("w0")] == [0, 1, 2, 3]
+    ctrl.on_consumed([1])  # w1 delivered group 1 before it died
+    assert ctrl.abandon("w1") == [2]
+    assert ctrl.try_admit("w0") == 2 and ctrl.try_admit("w0") is None  # replayed, no new slot taken
+    assert ctrl.abandon("w9") == []
+    ctrl.abandon("w0")  # 0, 2, 3 queued again; 3's group then arrives after all
+    ctrl.on_consumed([3])
+    assert [ctrl.try_admit("w2"), ctrl.try_admit("w2"), ctrl.try_admit("w2")] == [0, 2, None]
+    assert ctrl.groups_started == 4
+
+
 def test_state_round_trip_replays_outstanding_indices_first():
     ctrl = AdmissionController(max_staleness=1, groups_per_step=2)
     got = [ctrl.try_admit() for _ in range(5)]

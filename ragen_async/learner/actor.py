@@ -98,6 +98,8 @@ class LearnerActor:
         from ragen_async.weight_sync.gloo import GlooBroadcastPublisher
 
         assert self.rank == 0
+        if self.publisher is not None:  # re-forming the group after a rollout actor was replaced
+            self.publisher.close()
         address = ray.util.get_node_ip_address()
         self.publisher = GlooBroadcastPublisher(address, 0, num_receivers, timeout_s=self.cfg.weight_sync.timeout_s)
         return address, self.publisher.master_port, GlooBroadcastPublisher.manifest(self.learner.named_weights())

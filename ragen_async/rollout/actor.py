@@ -32,8 +32,11 @@ class AdmissionGate:
 
         self.controller = AdmissionController(max_staleness, groups_per_step)
 
-    def try_admit(self) -> int | None:
-        return self.controller.try_admit()
+    def try_admit(self, owner: str = "") -> int | None:
+        return self.controller.try_admit(owner)
+
+    def abandon(self, owner: str) -> list[int]:
+        return self.controller.abandon(owner)
 
     def set_published_version(self, version: int) -> None:
         self.controller.set_published_version(version)
@@ -97,7 +100,10 @@ class RolloutActor:
         return "nccl" if self.cfg.rollout.gpus_per_worker > 0 else "gloo"
 
     async def _admit(self) -> int | None:
-        return await self.gate.try_admit.remote()
+        return await self.gate.try_admit.remote(self.worker_id)
+
+    def pid(self) -> int:
+        return os.getpid()
 
     async def _send(self, group: TrajectoryGroup) -> None:
         loop = asyncio.get_running_loop()
