@@ -247,7 +247,6 @@ def train(cfg: RunConfig | None = None, *, resume: Path | None = None,
             # Records past the checkpoint belong to steps that will run again: rewind them. W&B cannot
             # rewind offline, so it skips the steps it already has (no duplicate points).
             skip_wandb_until = rewind_jsonl(run_dir.metrics_path, step, key="learner/step")
-            rewind_jsonl(run_dir.path / "provenance.jsonl", step, key="step")
     else:
         assert cfg is not None
         run_dir = RunDir.create(cfg)
@@ -265,6 +264,9 @@ def train(cfg: RunConfig | None = None, *, resume: Path | None = None,
 def run_trainer(cfg: RunConfig, run_dir: RunDir, sink: MetricsSink, runtime: Runtime,
                 checkpoint: Path | None = None) -> dict[str, float]:
     """Build the trainer on ``runtime``, resume from ``checkpoint`` if given, run; always closes both."""
+    if checkpoint is not None:  # provenance past the checkpoint describes steps that will run again
+        step = int(json.loads((checkpoint / DRIVER_STATE).read_text())["step"])
+        rewind_jsonl(run_dir.path / "provenance.jsonl", step, key="step")
     trainer = Trainer(cfg, run_dir, sink, runtime)
     try:
         async def main() -> dict[str, float]:

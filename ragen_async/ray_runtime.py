@@ -42,6 +42,14 @@ from ragen_async.transport import make_receiver, make_sender
 log = logging.getLogger(__name__)
 
 
+def _failed(ref: Any) -> bool:
+    try:
+        ray.get(ref, timeout=0)
+    except Exception:  # noqa: BLE001 - any error means this call failed
+        return True
+    return False
+
+
 class RayAdmission(Admission):
     def __init__(self, gate: Any):
         self.gate = gate
@@ -76,6 +84,7 @@ class RayRuntime(Runtime):
         self._started = False
         self.restarts = 0
         self.abandoned = 0
+        self._learners_broken = False
         self._last_stats: list[dict[str, float]] = []
         self._init_ray()
         try:
@@ -223,7 +232,16 @@ class RayRuntime(Runtime):
     async def train(self, shards: list[BatchShard]) -> TrainResult:
         for sender, shard in zip(self.shard_senders, shards, strict=True):
             sender.send(shard)
-        results = await asyncio.gather(*[lrn.train_step.remote() for lrn in self.learners])
+        calls = [lrn.train_step.remote() for lrn in self.learners]
+        try:
+            results = await asyncio.gather(*calls)
+        except ray.exceptions.RayActorError as e:
+            # The surviving ranks are stuck in a collective with the dead one: do not wait for them.
+            self._learners_broken = True
+            ready, _ = ray.wait(calls, num_returns=len(calls), timeout=0)
+            dead = [r for r, c in enumerate(calls) if c in ready and _failed(c)]
+            raise RuntimeError(f"learner rank(s) {dead or '?'} died during a learner step; the run stops here. "
+                               "Continue from the latest checkpoint with `ragen-async train --resume RUN_DIR`") from e
         if len({r.version for r in results}) != 1:
             raise RuntimeError(f"learner ranks disagree on the version: {[r.version for r in results]}")
         metrics = merge_rank_metrics([r.metrics for r in results])
@@ -298,7 +316,7 @@ class RayRuntime(Runtime):
         try:
             if self.rollouts:
                 ray.get([r.shutdown.remote() for r in self.rollouts], timeout=60)
-            if self.learners:
+            if self.learners and not self._learners_broken:
                 ray.get([lrn.shutdown.remote() for lrn in self.learners], timeout=60)
         except Exception as e:  # noqa: BLE001 - shutting down after a failure must not mask it
             log.warning("error while shutting actors down: %s", e)

@@ -249,3 +249,38 @@ def test_killed_rollout_actors_are_replaced_and_no_group_is_lost_or_trained_twic
     assert not accounting["duplicates"] and not accounting["unexplained"], accounting
     ids = [g["group_id"] for p in provenance for g in p["groups"]]
     assert len(ids) == len(set(ids)) == 40 * 4
+
+
+def test_a_dead_learner_rank_stops_the_run_with_a_clear_error_and_resume_completes(tiny_model_path, tmp_path):
+    import signal
+
+    import ray
+
+    cfg = ray_cfg(tiny_model_path, tmp_path, "staleness.max_staleness=1", "rollout.num_workers=1",
+                  "total_steps=30", "checkpoint_every=2", "weight_sync.timeout_s=30")
+
+    from ragen_async.ray_runtime import RayRuntime
+
+    run_dir = RunDir.create(cfg)
+    runtime = RayRuntime(cfg)
+
+    def killer(runtime):  # rank 1 dies mid-run, once a checkpoint exists
+        while not (run_dir.checkpoints / "step_000002").exists():
+            time.sleep(0.2)
+        os.kill(ray.get(runtime.learners[1].pid.remote()), signal.SIGKILL)
+
+    thread = threading.Thread(target=killer, args=(runtime,), daemon=True)
+    thread.start()
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"learner rank\(s\) \[1\] died .* --resume"):
+        run_trainer(cfg, run_dir, MemorySink(), runtime)
+    assert time.monotonic() - t0 < 120  # stopped, not hung in the collective
+    checkpoint = run_dir.latest_checkpoint()
+    assert checkpoint is not None and int(checkpoint.name[5:]) >= 2
+
+    cfg8 = ray_cfg(tiny_model_path, tmp_path, "staleness.max_staleness=1", "rollout.num_workers=1",
+                   f"total_steps={int(checkpoint.name[5:]) + 2}", "checkpoint_every=2")
+    _, steps, provenance = run_ray(cfg8, run_dir=run_dir, resume=True)
+    assert [r["learner/step"] for r in steps] == [int(checkpoint.name[5:]) + 1, int(checkpoint.name[5:]) + 2]
+    ids = [g["group_id"] for p in provenance for g in p["groups"]]
+    assert len(ids) == len(set(ids))

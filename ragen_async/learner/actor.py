@@ -142,6 +142,9 @@ class LearnerActor:
     def policy_version(self) -> int:
         return self.learner.policy_version
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def vocab_size(self) -> int:
         return int(self.learner.actor.config.vocab_size)
 
