@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import socket
 import threading
 import time
 
@@ -109,16 +110,21 @@ def test_backpressure_times_out_instead_of_blocking(msgs, secret, ctx):
 
 def test_send_without_any_peer_times_out_and_close_is_prompt(msgs, secret, ctx):
     """Messages queue for a not-yet-bound receiver up to the HWM; then send times out."""
-    probe = ctx.socket(zmq.PULL)
-    port = probe.bind_to_random_port("tcp://127.0.0.1")
-    probe.close(linger=0)  # the port is now (very likely) free: nobody listens
+    # A port bound but never listening: connections are refused, and nothing else can take the port
+    # (a port that was merely freed can be taken, even by the sender's own reconnects: a TCP self-connect).
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    port = holder.getsockname()[1]
     sender = ZmqSender(f"tcp://127.0.0.1:{port}", secret, hwm=2, linger_ms=100, context=ctx)
     group = msgs.group(size=1)
-    with pytest.raises(TransportTimeout):
-        for _ in range(10):
-            sender.send(group, timeout_s=0.05)
-    start = time.monotonic()
-    sender.close()
+    try:
+        with pytest.raises(TransportTimeout):
+            for _ in range(10):
+                sender.send(group, timeout_s=0.05)
+    finally:
+        start = time.monotonic()
+        sender.close()
+        holder.close()
     assert time.monotonic() - start < 0.5  # and the ctx fixture checks that term() does not hang
 
 
