@@ -35,11 +35,16 @@ from ragen_async.metrics import ConsoleSink, JsonlSink, MetricsSink, MultiSink, 
 from ragen_async.provenance import ProvenanceLog, rewind_jsonl
 from ragen_async.rollout.worker import rollout_metrics
 from ragen_async.rundir import RunDir, finalize_checkpoint, staging_path
-from ragen_async.runtime import Runtime, probe_ids
+from ragen_async.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
 DRIVER_STATE = "driver_state.json"
+
+
+def probe_ids(vocab_size: int, n: int = 48) -> list[int]:
+    """The fixed token sequence every weight-sync check compares log-probs on."""
+    return np.random.default_rng(0).integers(0, vocab_size, size=n).tolist()
 
 
 def make_sink(cfg: RunConfig, run_dir: RunDir, skip_wandb_until: int = -1) -> MetricsSink:

@@ -22,8 +22,6 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ragen_async.agent.chat import ChatFormat
 from ragen_async.config import RunConfig
 from ragen_async.inference.base import InferenceEngine
@@ -56,12 +54,13 @@ class Admission(ABC):
 
 
 class LocalAdmission(Admission):
+    """The controller in this process."""
+
     def __init__(self, max_staleness: int | None, groups_per_step: int):
         self.controller = AdmissionController(max_staleness, groups_per_step)
 
     async def resolve(self, consumed: list[int], dropped: list[int]) -> None:
-        self.controller.on_consumed(consumed)
-        self.controller.on_dropped(dropped)
+        self.controller.resolve(consumed, dropped)
 
     async def set_published_version(self, version: int) -> None:
         self.controller.set_published_version(version)
@@ -70,8 +69,7 @@ class LocalAdmission(Admission):
         return self.controller.state()
 
     async def restore(self, state: dict[str, Any]) -> None:
-        c = self.controller
-        self.controller = AdmissionController.from_state(c.max_staleness, c.groups_per_step, state)
+        self.controller.restore(state)
 
 
 class Runtime(ABC):
@@ -186,7 +184,3 @@ class LocalRuntime(Runtime):
     def close(self) -> None:
         self.engine.shutdown()
 
-
-def probe_ids(vocab_size: int, n: int = 48) -> list[int]:
-    """The fixed token sequence every weight-sync check compares log-probs on."""
-    return np.random.default_rng(0).integers(0, vocab_size, size=n).tolist()

@@ -77,7 +77,7 @@ class AdmissionController:
     consumed (trained on) or dropped (never will be); reporting an index twice, or one that was never
     admitted, is an error. That per-index accounting is what makes a drop return exactly one slot.
 
-    :meth:`state` / :meth:`from_state` carry the accounting across a resume: the indices that were
+    :meth:`state` / :meth:`restore` carry the accounting across a resume: the indices that were
     outstanding when the checkpoint was taken (in flight or waiting in the buffer, both lost with the
     old processes) are handed out again, lowest first, with their original index and therefore their
     original seed, before any new index. They were admitted before, so they need no new slot.
@@ -201,24 +201,28 @@ class AdmissionController:
         """
         self._dropped += self._resolve(indices, "dropped")
 
+    def resolve(self, consumed: Iterable[int], dropped: Iterable[int]) -> None:
+        """:meth:`on_consumed` and :meth:`on_dropped` in one call (one round trip for a remote gate)."""
+        self.on_consumed(consumed)
+        self.on_dropped(dropped)
+
     def state(self) -> dict[str, int | list[int]]:
-        """Everything :meth:`from_state` needs to continue exactly (JSON-serialisable)."""
+        """Everything :meth:`restore` needs to continue exactly (JSON-serialisable)."""
         return {"next_index": self._next_index, "outstanding": self.outstanding, "dropped": self._dropped,
                 "consumed": self._consumed, "published_version": self._published_version,
                 "refusals": self.refusals}
 
-    @classmethod
-    def from_state(cls, max_staleness: int | None, groups_per_step: int, state: dict) -> AdmissionController:
-        """A controller that continues ``state``; its outstanding indices are replayed first."""
-        ctrl = cls(max_staleness, groups_per_step, int(state["published_version"]))
-        ctrl._next_index = int(state["next_index"])
-        ctrl._outstanding = {int(i) for i in state["outstanding"]}
-        ctrl._replay = sorted(ctrl._outstanding)
-        ctrl._dropped, ctrl._consumed = int(state["dropped"]), int(state["consumed"])
-        ctrl.refusals = int(state.get("refusals", 0))
-        if ctrl._consumed + ctrl._dropped + len(ctrl._outstanding) != ctrl._next_index:
+    def restore(self, state: dict) -> None:
+        """Continue ``state`` (a checkpoint's): its outstanding indices are replayed first, lowest first."""
+        outstanding = {int(i) for i in state["outstanding"]}
+        if int(state["consumed"]) + int(state["dropped"]) + len(outstanding) != int(state["next_index"]):
             raise ValueError(f"inconsistent admission state: {state}")
-        return ctrl
+        self._published_version = int(state["published_version"])
+        self._next_index = int(state["next_index"])
+        self._outstanding, self._owner = outstanding, {}
+        self._replay = sorted(outstanding)
+        self._dropped, self._consumed = int(state["dropped"]), int(state["consumed"])
+        self.refusals = int(state.get("refusals", 0))
 
 
 # --------------------------------------------------------------------------------------------------

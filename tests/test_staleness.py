@@ -135,13 +135,14 @@ def test_state_round_trip_replays_outstanding_indices_first():
     ctrl.set_published_version(1)
     assert ctrl.try_admit() == 4 and ctrl.try_admit() == 5 and ctrl.try_admit() is None
     ctrl.on_dropped([3])
-    restored = AdmissionController.from_state(1, 2, json.loads(json.dumps(ctrl.state())))
+    restored = AdmissionController(1, 2)
+    restored.restore(json.loads(json.dumps(ctrl.state())))
     # 2, 4, 5 were in flight or waiting when the state was taken: they come back, lowest first, with
     # their own index (so their own seed), before any new index and without taking a new slot.
     assert [restored.try_admit() for _ in range(5)] == [2, 4, 5, 6, None]
     assert restored.groups_started == ctrl.groups_started + 1 == restored.limit()
     with pytest.raises(ValueError, match="inconsistent"):
-        AdmissionController.from_state(1, 2, {**ctrl.state(), "consumed": 0})
+        AdmissionController(1, 2).restore({**ctrl.state(), "consumed": 0})
 
 
 # ----------------------------------------------------------------------------------------------------

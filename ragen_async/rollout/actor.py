@@ -20,39 +20,11 @@ from ragen_async.config import RunConfig
 from ragen_async.protocol import TrajectoryGroup
 from ragen_async.rollout.engines import make_engine
 from ragen_async.rollout.worker import RolloutWorker, validate_engine
+from ragen_async.staleness import AdmissionController
 from ragen_async.transport import make_sender
 
-
-@ray.remote
-class AdmissionGate:
-    """Ray shell over the pure :class:`~ragen_async.staleness.AdmissionController` (one per run)."""
-
-    def __init__(self, max_staleness: int | None, groups_per_step: int):
-        from ragen_async.staleness import AdmissionController
-
-        self.controller = AdmissionController(max_staleness, groups_per_step)
-
-    def try_admit(self, owner: str = "") -> int | None:
-        return self.controller.try_admit(owner)
-
-    def abandon(self, owner: str) -> list[int]:
-        return self.controller.abandon(owner)
-
-    def set_published_version(self, version: int) -> None:
-        self.controller.set_published_version(version)
-
-    def resolve(self, consumed: list[int], dropped: list[int]) -> None:
-        self.controller.on_consumed(consumed)
-        self.controller.on_dropped(dropped)
-
-    def state(self) -> dict[str, Any]:
-        return self.controller.state()
-
-    def restore(self, state: dict[str, Any]) -> None:
-        from ragen_async.staleness import AdmissionController
-
-        c = self.controller
-        self.controller = AdmissionController.from_state(c.max_staleness, c.groups_per_step, state)
+AdmissionGate = ray.remote(AdmissionController)
+"""The run's one admission controller as a Ray actor (the plain class, unchanged)."""
 
 
 @ray.remote
