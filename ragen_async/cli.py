@@ -161,12 +161,15 @@ def make_model(
     out: Annotated[Path, typer.Option(help="output directory")] = Path("artifacts/tiny-model"),
     seed: Annotated[int, typer.Option(help="build seed")] = 0,
     force: Annotated[bool, typer.Option(help="rebuild even if a complete build exists")] = False,
+    sft_steps: Annotated[int | None, typer.Option(help="SFT warm-start steps (default: the build config's)")] = None,
+    report: Annotated[bool, typer.Option(help="print the base model's numbers after the build")] = True,
+    seeds_per_tag: Annotated[int, typer.Option(help="episodes per env tag in the report")] = 64,
 ) -> None:
     """Build (once) the tiny Qwen2 model and tokenizer used on CPU, then print its base-policy numbers."""
     _setup_logging()
-    from ragen_async.tinymodel.build import ensure_tiny_model
+    from ragen_async.tinymodel.cli import make_model as build
 
-    ensure_tiny_model(out, seed=seed, force=force)
+    build(out, seed=seed, force=force, sft_steps=sft_steps, report=report, seeds_per_tag=seeds_per_tag)
 
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (they measure and print tables; they assert nothing).")

@@ -121,6 +121,9 @@ class LearnerConfig(_Strict):
     """Trajectories per optimizer step (after filtering)."""
     micro_batch_size: int = Field(8, ge=1)
     """Trajectories per forward/backward (gradient accumulation inside a mini-batch)."""
+    micro_batch_tokens: int | None = Field(None, ge=1)
+    """Also cap a micro-batch at this many padded tokens (rows x longest row), rows packed longest
+    first so similar lengths share a micro-batch (less padding); ``None`` = rows only."""
     epochs: int = Field(1, ge=1)
     num_ranks: int = Field(1, ge=1)
     """Learner processes in the torch.distributed group (``runtime: ray``)."""

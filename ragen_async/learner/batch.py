@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -75,3 +76,20 @@ def split_even(n: int, parts: int) -> list[slice]:
     """``parts`` contiguous slices covering range(n) whose sizes differ by at most one."""
     bounds = np.linspace(0, n, parts + 1).round().astype(int)
     return [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def pack_rows(lengths: list[int], max_rows: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Row indices grouped into micro-batches of at most ``max_rows`` rows and (if given) at most
+    ``max_tokens`` padded tokens (rows x the group's longest row; a longer row goes alone). Rows go
+    longest first, so each micro-batch holds similar lengths; without ``max_tokens`` the rows keep their
+    order in :func:`split_even` slices."""
+    if max_tokens is None:
+        n = len(lengths)
+        return [list(range(s.start, s.stop)) for s in split_even(n, max(1, math.ceil(n / max_rows)))] if n else []
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if groups and len(groups[-1]) < max_rows and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= max_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups

@@ -36,7 +36,7 @@ from torch import nn
 
 from ragen_async import algo
 from ragen_async.config import RunConfig
-from ragen_async.learner.batch import TokenBatch, collate_shard, split_even
+from ragen_async.learner.batch import TokenBatch, collate_shard, pack_rows, split_even
 from ragen_async.protocol import BatchShard
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,23 @@ def load_critic(path: str, dtype: str) -> nn.Module:
     return critic
 
 
+class TokenLogits(nn.Module):
+    """A causal LM that computes logits only where asked: the body runs on the whole batch, the
+    vocabulary head only on the positions in ``flat_index`` (row-major over [B, T]). Sampled tokens are
+    a small share of a multi-turn episode (about 10 % on Sokoban), and at paper scale the full
+    [B, T, vocabulary] logits are the largest tensor of the step. Wrapped by DDP/FSDP as a whole, so
+    gradient synchronisation sees one forward."""
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
+        # Right padding under causal attention needs no attention mask: no real token sees a pad.
+        hidden = self.lm.base_model(input_ids=input_ids).last_hidden_state
+        return self.lm.get_output_embeddings()(hidden.flatten(0, 1)[flat_index])
+
+
 def _shifted(values_for_next_token: torch.Tensor) -> torch.Tensor:
     """Align per-position outputs with tokens: entry t of the result belongs to token t, which was
     predicted from position t-1. Token 0 (no prefix) gets 0; it is never a sampled token."""
@@ -123,7 +140,8 @@ class Learner:
         if cfg.algo.use_ref:
             self.ref = copy.deepcopy(self.actor).eval().requires_grad_(False)
 
-        self.actor_ddp = self._wrap(self.actor)
+        self.actor_head = TokenLogits(self.actor)
+        self.actor_ddp = self._wrap(self.actor_head)
         self.critic_ddp = self._wrap(self.critic) if self.critic is not None else None
         lc = cfg.learner
         self.actor_opt = torch.optim.AdamW(self.actor.parameters(), lr=lc.actor_lr, betas=lc.betas,
@@ -148,36 +166,51 @@ class Learner:
 
     # ------------------------------------------------------------------ forward passes
     def _policy_forward(self, model: nn.Module, mb: TokenBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        logits = model(input_ids=mb.input_ids.to(self.device),
-                       attention_mask=mb.attention_mask.to(self.device)).logits.float()
-        logits = logits / self.temperature
-        next_ids = torch.nn.functional.pad(mb.input_ids[:, 1:].to(self.device), (0, 1), value=self.pad_id)
-        logprobs = _shifted(algo.logprobs_from_logits(logits, next_ids))
-        entropy = _shifted(algo.entropy_from_logits(logits)) if with_entropy else None
-        return logprobs, entropy
+        """[B, T] log-probs (and entropies) of the trained tokens (loss mask 1); 0 elsewhere. ``model``
+        is a :class:`TokenLogits` (or its DDP/FSDP wrapper)."""
+        ids = mb.input_ids.to(self.device)
+        B, T = ids.shape
+        # Token t (t >= 1) is scored at position t - 1, i.e. flat index b*T + t - 1.
+        trained = mb.loss_mask.to(self.device) > 0
+        trained[:, 0] = False
+        token_index = trained.flatten().nonzero().squeeze(1)
+        logits = model(ids, token_index - 1).float() / self.temperature
+        targets = ids.flatten()[token_index]
+        logprobs = algo.logprobs_from_logits(logits[None], targets[None])[0]
+        logprobs = logprobs.new_zeros(B * T).index_copy(0, token_index, logprobs).view(B, T)
+        if not with_entropy:
+            return logprobs, None
+        entropy = algo.entropy_from_logits(logits[None])[0]
+        return logprobs, entropy.new_zeros(B * T).index_copy(0, token_index, entropy).view(B, T)
 
     def _value_forward(self, model: nn.Module, mb: TokenBatch) -> torch.Tensor:
-        out = model(input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device))
-        return _shifted(out.logits.float().squeeze(-1))
+        # Right padding under causal attention needs no attention mask (see TokenLogits).
+        return _shifted(model(input_ids=mb.input_ids.to(self.device)).logits.float().squeeze(-1))
 
-    def _micro_batches(self, batch: TokenBatch) -> Iterator[TokenBatch]:
-        n_micro = max(1, math.ceil(batch.size / self.cfg.learner.micro_batch_size))
-        for s in split_even(batch.size, n_micro):
-            yield batch.select(s).trimmed()
+    def _micro_rows(self, batch: TokenBatch) -> list[torch.Tensor]:
+        """Row indices of each micro-batch (``micro_batch_size`` rows, ``micro_batch_tokens`` padded tokens)."""
+        lc = self.cfg.learner
+        lengths = batch.attention_mask.sum(1).long().tolist()
+        return [torch.tensor(rows) for rows in pack_rows(lengths, lc.micro_batch_size, lc.micro_batch_tokens)]
 
     @torch.no_grad()
-    def _recompute(self, batch: TokenBatch) -> dict[str, torch.Tensor]:
-        """Learner log-probs (old/proximal), critic values and reference log-probs of the batch."""
+    def _recompute(self, batch: TokenBatch, logprobs: bool = True) -> dict[str, torch.Tensor]:
+        """Learner log-probs (old/proximal; with ``logprobs``), critic values and reference log-probs."""
         T = batch.input_ids.shape[1]
         out: dict[str, list[torch.Tensor]] = defaultdict(list)
-        for mb in self._micro_batches(batch):
+        groups = self._micro_rows(batch)
+        for rows in groups:
+            mb = batch.select(rows).trimmed()
             pad = (0, T - mb.input_ids.shape[1])
-            out["old_logprobs"].append(torch.nn.functional.pad(self._policy_forward(self.actor, mb, False)[0], pad))
+            if logprobs:
+                out["old_logprobs"].append(torch.nn.functional.pad(self._policy_forward(self.actor_head, mb, False)[0], pad))
             if self.critic is not None:
                 out["old_values"].append(torch.nn.functional.pad(self._value_forward(self.critic, mb), pad))
             if self.ref is not None:
-                out["ref_logprobs"].append(torch.nn.functional.pad(self._policy_forward(self.ref, mb, False)[0], pad))
-        return {k: torch.cat(v) for k, v in out.items()}
+                out["ref_logprobs"].append(torch.nn.functional.pad(self._policy_forward(TokenLogits(self.ref), mb, False)[0], pad))
+        # Back to the batch's row order.
+        inverse = torch.argsort(torch.cat(groups)) if groups else torch.zeros(0, dtype=torch.long)
+        return {k: torch.cat(v)[inverse] for k, v in out.items()}
 
     # ------------------------------------------------------------------ collectives
     def _all_reduce_sum(self, *values: torch.Tensor | float) -> list[torch.Tensor]:
@@ -207,28 +240,32 @@ class Learner:
         lc = self.cfg.learner
         batch = collate_shard(shard, self.pad_id)
         self.actor.train()
-        recomputed = self._recompute(batch)
-        old_logprobs = recomputed["old_logprobs"]
+        # Every rank derives the mini-batch count from global numbers so all ranks step together.
+        n_mini = max(1, round(shard.batch_num_seqs / lc.mini_batch_size))
+        # With one update on the whole shard, the policy before it is the one the update's own forward
+        # sees: its detached log-probs are the old (proximal) ones, filled in by _optimizer_step, and the
+        # separate no-grad pass of the actor is skipped.
+        single_pass = lc.epochs == 1 and n_mini == 1
+        recomputed = self._recompute(batch, logprobs=not single_pass)
+        old_logprobs = torch.zeros_like(batch.behaviour_logprobs) if single_pass else recomputed["old_logprobs"]
         old_values = recomputed.get("old_values")
         advantages, returns = self._advantages(batch, old_values)
 
         metrics: dict[str, float] = {}
-        metrics.update(self._mismatch_metrics(batch, old_logprobs, shard.learner_version))
         if old_values is not None and returns is not None and float(algo.masked_var(returns, batch.loss_mask)) > 1e-8:
             # Over the whole shard (verl: pre-update values); undefined when every return is the same.
             metrics["critic/vf_explained_var"] = float(algo.explained_variance(old_values, returns, batch.loss_mask))
 
-        # Every rank derives the mini-batch count from global numbers so all ranks step together.
-        n_mini = max(1, round(shard.batch_num_seqs / lc.mini_batch_size))
         sums: dict[str, float] = defaultdict(float)
         n_steps = 0
         for _epoch in range(lc.epochs):
             for mini in split_even(batch.size, n_mini):
                 step_metrics = self._optimizer_step(batch, mini, old_logprobs, old_values, advantages,
-                                                    returns, recomputed.get("ref_logprobs"))
+                                                    returns, recomputed.get("ref_logprobs"), fill_old=single_pass)
                 for k, v in step_metrics.items():
                     sums[k] += v
                 n_steps += 1
+        metrics.update(self._mismatch_metrics(batch, old_logprobs, shard.learner_version))
         metrics.update({k: v / n_steps for k, v in sums.items()})
         metrics["actor/skipped_steps"] = float(self.skipped_steps)
         metrics["learner/optimizer_steps"] = float(n_steps)
@@ -236,7 +273,10 @@ class Learner:
         self.policy_version += 1
         return TrainResult(self.policy_version, metrics)
 
-    def _optimizer_step(self, batch, mini, old_logprobs, old_values, advantages, returns, ref_logprobs):
+    def _optimizer_step(self, batch, mini, old_logprobs, old_values, advantages, returns, ref_logprobs,
+                        fill_old: bool = False):
+        """One optimizer step on mini-batch ``mini``; with ``fill_old``, ``old_logprobs`` is written here
+        from this step's own (pre-update) forward instead of read."""
         a, lc = self.algo_cfg, self.cfg.learner
         mb_all = batch.select(mini)
         idx = torch.arange(batch.size)[mini]
@@ -250,11 +290,10 @@ class Learner:
         if self.critic_opt is not None:
             self.critic_opt.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
-        n_micro = max(1, math.ceil(max(mb_all.size, 1) / lc.micro_batch_size))
-        slices = split_even(mb_all.size, n_micro) if mb_all.size else [slice(0, 0)]
-        for i, s in enumerate(slices):
-            last = i == len(slices) - 1
-            rows = idx[s]
+        groups = self._micro_rows(mb_all) or [torch.zeros(0, dtype=torch.long)]
+        for i, local_rows in enumerate(groups):
+            last = i == len(groups) - 1
+            rows = idx[local_rows]
             empty = rows.numel() == 0
             if empty:
                 # This rank has no rows in this mini-batch but DDP needs every rank to run backward:
@@ -265,6 +304,8 @@ class Learner:
             zero = 0.0 if empty else 1.0
             with self._no_sync(self.actor_ddp, last):
                 logprobs, entropy = self._policy_forward(self.actor_ddp, mb, with_entropy=True)
+                if fill_old and not empty:
+                    old_logprobs[rows, :T] = logprobs.detach()
                 pg_inputs = algo.PolicyLossInputs(
                     logprobs=logprobs, old_logprobs=old_logprobs[rows, :T], advantages=advantages[rows, :T],
                     mask=mb.loss_mask * zero, behaviour_logprobs=mb.behaviour_logprobs, entropy=entropy,

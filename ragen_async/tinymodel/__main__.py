@@ -1,5 +1,7 @@
+"""``python -m ragen_async.tinymodel`` = ``ragen-async make-model``."""
+
 import sys
 
-from ragen_async.tinymodel.cli import main
+from ragen_async.cli import app
 
-sys.exit(main())
+sys.exit(app(["make-model", *sys.argv[1:]]))

@@ -8,9 +8,13 @@
    float32);
 3. plays episodes of every env tag with uniformly random valid actions through the real agent code
    path (``agent.episode.play_episode`` + ``ChatFormat``), so the SFT sequences are token-exact with
-   rollouts, and trains cross-entropy on the reply tokens (the loss mask), plus an auxiliary loss on
-   the first prompt (see ``sft_prompt_loss_weight``). The model learns the reply format and nothing
-   about the tasks: its actions are uniformly random;
+   rollouts, and trains cross-entropy on the reply tokens (the loss mask), plus auxiliary next-token
+   losses on the first prompt and on the env's feedback (``sft_prompt_loss_weight``,
+   ``sft_feedback_loss_weight``). The replies teach the format; predicting the next state after random
+   moves teaches *perception* (where the player, boxes and holes are, what a move does to the grid).
+   No action is chosen by a solver and no data is selected by reward, so the policy stays uniformly
+   random: bandit episodes come in pairs, one per arm, with the same prompt and thought, so the base
+   model has no lean;
 4. saves model, tokenizer, generation config (eos = ``<|im_end|>``) and ``build_info.json``.
 
 ``ensure_tiny_model(out_dir, seed)`` builds only when ``out_dir`` lacks a complete build with the same
@@ -38,8 +42,9 @@ import numpy as np
 import torch
 
 from ragen_async.tinymodel import corpus
+from ragen_async.tinymodel.tokenizer import GRID_SYMBOLS
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Bump when the build procedure changes in a way the config does not capture (forces rebuilds)."""
 
 BUILD_INFO = "build_info.json"
@@ -75,7 +80,7 @@ class TinyModelConfig:
     """Std of the initial weights. Larger than transformers' 0.02: with it the model learns to copy an
     arm name from the prompt several times sooner (a phase change the SFT budget must reach)."""
     # SFT warm start
-    sft_steps: int = 360
+    sft_steps: int = 600
     sft_batch_tokens: int = 4096
     """Padded tokens per SFT batch (short episodes pack many per batch)."""
     sft_lr: float = 3e-3
@@ -86,8 +91,14 @@ class TinyModelConfig:
     """Share of warm-start turns that are invalid replies kept out of the loss (context after a mistake)."""
     sft_prompt_loss_weight: float = 0.5
     """Weight of an auxiliary next-token loss on the *first* prompt (instructions, legend, initial
-    state; never the env feedback, so no dynamics are learned). It teaches the model to read and copy
-    from the prompt (arm names, numbers) far sooner than the reply loss alone; 0 turns it off."""
+    state). It teaches the model to read and copy from the prompt (arm names, numbers) far sooner than
+    the reply loss alone; 0 turns it off."""
+    sft_feedback_loss_weight: float = 0.5
+    """Weight of an auxiliary next-token loss on the grid cells of the env's feedback (the next state
+    after the reply's random actions): a world-model loss that makes the model read the grid (to
+    predict the next one it must locate the player and what is next to it); 0 turns it off. The rest
+    of the feedback text stays out of the loss: learning it taught the model to write user text into
+    its replies."""
     bandit_rename_prob: float = 0.5
     """Share of bandit episodes (tokenizer corpus and warm start) whose arm names are drawn from the
     tags' names and ``corpus.ARM_NAMES``: the model must learn to copy an arm name from the prompt."""
@@ -228,6 +239,11 @@ class SFTExample:
     tag: str
     token_ids: list[int]
     loss_mask: list[int]
+    """1 on reply tokens."""
+    grid_mask: list[int]
+    """1 on grid-cell tokens of the env's feedback (after the first reply)."""
+    group: int
+    """Examples of one group always share a batch (a bandit pair: the same prompt, each arm once)."""
 
 
 def _reply_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
@@ -247,7 +263,8 @@ def make_sft_examples(chat, config: TinyModelConfig, seed: int) -> list[SFTExamp
 
     Some turns are deliberately invalid replies (``sft_invalid_turn_prob``) whose tokens are taken out
     of the loss mask: they only provide the context of a turn after a mistake. A share of bandit
-    episodes (``bandit_rename_prob``) use other arm names.
+    episodes (``bandit_rename_prob``) use other arm names; every bandit episode is played once per arm
+    with the same thought (one group), so each prompt's target is exactly uniform over the arms.
     """
     from ragen_async.agent.episode import AgentLimits, play_episode
     from ragen_async.envs.bandit import BanditEnv
@@ -256,6 +273,8 @@ def make_sft_examples(chat, config: TinyModelConfig, seed: int) -> list[SFTExamp
                          max_tokens_per_turn=config.max_tokens_per_turn,
                          context_budget_tokens=config.max_position_embeddings)
     envs = {tag: corpus.make_env(tag) for tag in config.env_tags}
+    grid_ids = {chat.encode(symbol)[0] for symbol in GRID_SYMBOLS}
+    assert all(len(chat.encode(symbol)) == 1 for symbol in GRID_SYMBOLS)
     foreign = tuple(sorted({a for env in envs.values() for a in env.valid_actions()}))
     arm_names = tuple(sorted({name for env in envs.values() if isinstance(env, BanditEnv)
                               for name in (env.config.lo_arm_name, env.config.hi_arm_name)})) + corpus.ARM_NAMES
@@ -272,42 +291,63 @@ def make_sft_examples(chat, config: TinyModelConfig, seed: int) -> list[SFTExamp
                 config.sft_bandit_episode_factor if isinstance(envs[tag], BanditEnv) else 1)
             for i in range(n_episodes):
                 env = envs[tag]
-                if isinstance(env, BanditEnv) and rng.random() < config.bandit_rename_prob:
-                    env = corpus.renamed_bandit(env, rng, arm_names)
-                policy.start_episode()
-                # Seeds far from the small ones evaluations use (the model learns nothing about levels anyway).
-                traj = await play_episode(policy, chat, env, tag, 1_000_000 + seed * 100_000 + i, limits)
-                mask = traj.loss_mask.tolist()
-                spans = _reply_spans(mask)
-                assert len(spans) == len(policy.history) == len(traj.turns), (len(spans), len(policy.history))
-                for (start, end), invalid, turn in zip(spans, policy.history, traj.turns, strict=True):
-                    assert turn.format_ok != invalid, f"{tag}: scripted reply validity mismatch"
-                    if invalid:
-                        mask[start:end] = [0] * (end - start)
-                if any(mask):
-                    examples.append(SFTExample(tag, traj.token_ids.tolist(), mask))
+                scripts: list[tuple[str, list[str]] | None] = [None]
+                if isinstance(env, BanditEnv):
+                    if rng.random() < config.bandit_rename_prob:
+                        env = corpus.renamed_bandit(env, rng, arm_names)
+                    thought = rng.choice(corpus.GENERIC_THOUGHTS)
+                    scripts = [(thought, [arm]) for arm in env.valid_actions()]
+                group = len(examples)
+                for script in scripts:
+                    policy.forced = script
+                    policy.start_episode()
+                    # Seeds far from the small ones evaluations use.
+                    traj = await play_episode(policy, chat, env, tag, 1_000_000 + seed * 100_000 + i, limits)
+                    mask = traj.loss_mask.tolist()
+                    spans = _reply_spans(mask)
+                    assert len(spans) == len(policy.history) == len(traj.turns), (len(spans), len(policy.history))
+                    for (start, end), invalid, turn in zip(spans, policy.history, traj.turns, strict=True):
+                        assert turn.format_ok != invalid, f"{tag}: scripted reply validity mismatch"
+                        if invalid:
+                            mask[start:end] = [0] * (end - start)
+                    if any(mask):
+                        ids = traj.token_ids.tolist()
+                        first = mask.index(1)
+                        grid = [int(i >= first and not m and t in grid_ids) for i, (t, m) in
+                                enumerate(zip(ids, traj.loss_mask.tolist(), strict=True))]
+                        examples.append(SFTExample(tag, ids, mask, grid, group))
+                policy.forced = None
         return examples
 
     return asyncio.run(play_all())
 
 
 def _batches(examples: list[SFTExample], batch_tokens: int, steps: int, rng: random.Random) -> Iterator[list[SFTExample]]:
-    """``steps`` batches of at most ``batch_tokens`` padded tokens (an example longer than that goes
-    alone): epochs of shuffled examples, bucketed by length so short episodes pack many per batch."""
+    """``steps`` batches of at most ``batch_tokens`` padded tokens (a group longer than that goes
+    alone): epochs of shuffled groups (see :attr:`SFTExample.group`), bucketed by length so short
+    episodes pack many per batch."""
+    groups: dict[int, list[int]] = {}
+    for i, e in enumerate(examples):
+        groups.setdefault(e.group, []).append(i)
+    members = list(groups.values())
+
+    def longest(g: int) -> int:
+        return max(len(examples[i].token_ids) for i in members[g])
+
     produced = 0
     while True:
-        order = list(range(len(examples)))
+        order = list(range(len(members)))
         rng.shuffle(order)
         batches: list[list[int]] = []
         chunk = 256
         for start in range(0, len(order), chunk):
-            part = sorted(order[start:start + chunk], key=lambda i: len(examples[i].token_ids))
+            part = sorted(order[start:start + chunk], key=longest)
             current: list[int] = []
-            for i in part:  # sorted ascending: the newest example is the longest
-                if current and (len(current) + 1) * len(examples[i].token_ids) > batch_tokens:
+            for g in part:  # sorted ascending: the newest group is the longest
+                if current and (len(current) + len(members[g])) * longest(g) > batch_tokens:
                     batches.append(current)
                     current = []
-                current.append(i)
+                current.extend(members[g])
             batches.append(current)
         rng.shuffle(batches)
         for b in batches:
@@ -317,32 +357,36 @@ def _batches(examples: list[SFTExample], batch_tokens: int, steps: int, rng: ran
             produced += 1
 
 
-def _collate(batch: list[SFTExample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ids, the reply mask (loss mask) and the first-prompt mask (tokens before the
-    first reply)."""
+def _collate(batch: list[SFTExample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids and three masks: replies (the loss mask), the first prompt (tokens before the
+    first reply) and the grid cells of the env's feedback."""
     length = max(len(e.token_ids) for e in batch)
     ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
     reply = torch.zeros((len(batch), length), dtype=torch.bool)
     prompt = torch.zeros((len(batch), length), dtype=torch.bool)
+    feedback = torch.zeros((len(batch), length), dtype=torch.bool)
     for row, e in enumerate(batch):
-        ids[row, :len(e.token_ids)] = torch.tensor(e.token_ids)
-        reply[row, :len(e.loss_mask)] = torch.tensor(e.loss_mask, dtype=torch.bool)
-        prompt[row, :e.loss_mask.index(1)] = True
-    return ids, reply, prompt
+        n, first = len(e.token_ids), e.loss_mask.index(1)
+        ids[row, :n] = torch.tensor(e.token_ids)
+        reply[row, :n] = torch.tensor(e.loss_mask, dtype=torch.bool)
+        prompt[row, :first] = True
+        feedback[row, :n] = torch.tensor(e.grid_mask, dtype=torch.bool)
+    return ids, reply, prompt, feedback
 
 
-def sft_loss(model, ids: torch.Tensor, reply: torch.Tensor, prompt: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Mean next-token cross-entropy over reply tokens and (if ``prompt`` is given) over the tokens of
-    the first prompt. Right padding needs no attention mask under causal attention; logits are only
+def sft_loss(model, ids: torch.Tensor, reply: torch.Tensor, *aux: torch.Tensor) -> list[torch.Tensor]:
+    """Mean next-token cross-entropy over the reply tokens, then over each auxiliary mask (0 where a
+    mask is empty). Right padding needs no attention mask under causal attention; logits are only
     computed where a loss is taken."""
     hidden = model.model(input_ids=ids).last_hidden_state[:, :-1]
     targets = ids[:, 1:]
 
     def ce(mask: torch.Tensor) -> torch.Tensor:
+        if not mask.any():
+            return hidden.sum() * 0.0
         return torch.nn.functional.cross_entropy(model.lm_head(hidden[mask]).float(), targets[mask])
 
-    return ce(reply[:, 1:]), (ce(prompt[:, 1:]) if prompt is not None else None)
+    return [ce(m[:, 1:]) for m in (reply, *aux)]
 
 
 def sft(model, examples: list[SFTExample], config: TinyModelConfig, seed: int, pad_id: int,
@@ -367,9 +411,10 @@ def sft(model, examples: list[SFTExample], config: TinyModelConfig, seed: int, p
     t0 = time.perf_counter()
     report_every = max(1, config.sft_steps // 10)
     for step, batch in enumerate(_batches(examples, config.sft_batch_tokens, config.sft_steps, rng)):
-        ids, reply, prompt = _collate(batch, pad_id)
-        reply_loss, prompt_loss = sft_loss(model, ids, reply, prompt if config.sft_prompt_loss_weight else None)
-        loss = reply_loss if prompt_loss is None else reply_loss + config.sft_prompt_loss_weight * prompt_loss
+        ids, reply, prompt, feedback = _collate(batch, pad_id)
+        reply_loss, prompt_loss, feedback_loss = sft_loss(model, ids, reply, prompt, feedback)
+        loss = (reply_loss + config.sft_prompt_loss_weight * prompt_loss
+                + config.sft_feedback_loss_weight * feedback_loss)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=False)

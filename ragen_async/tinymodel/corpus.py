@@ -45,16 +45,11 @@ ARM_NAMES: tuple[str, ...] = (
 only way to name an arm is to copy it from the prompt, which is what the base policy must do."""
 
 
-PINNED_OVERRIDES: dict[str, dict] = {"SimpleSokoban": {"difficulty": "hard"}, "LargerSokoban": {"difficulty": "hard"}}
-"""Env options the warm-start corpus keeps fixed when the envs' defaults move, so the tiny model (and its
-cache key) stays the build that was validated: Sokoban's default became RAGEN's easier levels later."""
-
-
 def make_env(tag: str) -> TextEnv:
-    """A fresh environment for ``tag`` from the project's env registry (with :data:`PINNED_OVERRIDES`)."""
+    """A fresh environment for ``tag`` from the project's env registry, with its default options."""
     from ragen_async.envs.registry import make_env_from_tag
 
-    return make_env_from_tag(tag, **PINNED_OVERRIDES.get(tag, {}))
+    return make_env_from_tag(tag)
 
 
 def renamed_bandit(env: TextEnv, rng: random.Random, names: tuple[str, ...] = ARM_NAMES) -> TextEnv:
@@ -119,12 +114,17 @@ class RandomFormatPolicy(ReplyPolicy):
         self.rng = random.Random(seed)
         self.history: list[bool] = []
 
+    forced: tuple[str, list[str]] | None = None
+    """(thought, actions) every reply uses instead of random ones while set (the bandit pairs)."""
+
     def start_episode(self) -> None:
         self.history = []
 
     async def reply(self, context_ids, env, actions_left, max_tokens, request_seed):
-        invalid = self.rng.random() < self.invalid_turn_prob
-        if invalid:
+        invalid = self.forced is None and self.rng.random() < self.invalid_turn_prob
+        if self.forced is not None:
+            text = format_reply(self.forced[1], think=self.forced[0])
+        elif invalid:
             text = invalid_reply_text(env, actions_left, self.agent_max_actions_per_turn, self.rng,
                                       self.foreign_actions)
         else:

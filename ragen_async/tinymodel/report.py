@@ -169,8 +169,76 @@ def report_base_policy(model_dir: Path | str, seeds_per_tag: int = 64, save: boo
     print(format_table(reports), flush=True)
     print(f"(transformers engine, temperature {kwargs.get('temperature', 1.0)}, {seeds_per_tag} seeds per tag, "
           f"{time.perf_counter() - t0:.0f} s)", flush=True)
+    arms = arm_probabilities(model_dir)
+    print(f"Bandit, exact from the model's probabilities: P({arms['best_arm']}) = {arms['p_best_arm']:.3f} "
+          f"(unbiased: 0.5; the scored replies carry {arms['scored_mass']:.0%} of the model's probability)",
+          flush=True)
     if save:
         out = {"seeds_per_tag": seeds_per_tag, "engine": "hf", "temperature": kwargs.get("temperature", 1.0),
-               "tags": {tag: r.to_dict() for tag, r in reports.items()}}
+               "tags": {tag: r.to_dict() for tag, r in reports.items()}, "bandit_arms": arms}
         (Path(model_dir) / "base_policy_report.json").write_text(json.dumps(out, indent=2) + "\n")
     return reports
+
+
+class _FirstContext:
+    """A reply policy that records the context of the first turn and answers with the first action."""
+
+    def __init__(self, chat):
+        self.chat = chat
+        self.context: list[int] | None = None
+
+    def start_episode(self) -> None:
+        pass
+
+    async def reply(self, context_ids, env, actions_left, max_tokens, request_seed):
+        from ragen_async.agent.parsing import format_reply
+        from ragen_async.inference.base import Generation
+
+        self.context = list(context_ids)
+        ids = self.chat.encode(format_reply([env.valid_actions()[0]])) + [self.chat.end_of_turn_id]
+        return Generation(token_ids=ids, logprobs=[0.0] * len(ids), start_version=0, end_version=0,
+                          finish_reason="stop")
+
+
+def arm_probabilities(model_dir: Path | str, tag: str = "Bandit", seeds: range = range(8)) -> dict[str, Any]:
+    """The base model's exact probability of answering each arm of bandit ``tag`` (no sampling).
+
+    Per seed, every reply ``<generic thought> </think> <answer> ARM </answer><|im_end|>`` is scored
+    with the model (``corpus.GENERIC_THOUGHTS`` x arms): P(arm) = sum over thoughts of P(reply) /
+    sum over all scored replies. ``scored_mass`` is how much of the model's probability those replies
+    carry (the rest goes to other thoughts or malformed replies)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ragen_async.agent.chat import ChatFormat
+    from ragen_async.agent.episode import AgentLimits, play_episode
+    from ragen_async.agent.parsing import format_reply
+
+    chat = ChatFormat.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    env = corpus.make_env(tag)
+    arms = list(env.valid_actions())
+    best = env.config.best_arm_name
+    shares, masses = [], []
+    for seed in seeds:
+        recorder = _FirstContext(chat)
+        asyncio.run(play_episode(recorder, chat, env, tag, seed, AgentLimits()))
+        context = recorder.context
+        replies = [(arm, chat.encode(format_reply([arm], think)) + [chat.end_of_turn_id])
+                   for arm in arms for think in dict.fromkeys(corpus.GENERIC_THOUGHTS)]
+        length = len(context) + max(len(r) for _, r in replies)
+        ids = torch.full((len(replies), length), chat.tokenizer.pad_token_id, dtype=torch.long)
+        for row, (_, reply) in enumerate(replies):
+            ids[row, :len(context) + len(reply)] = torch.tensor(context + reply)
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=ids).logits[:, :-1].float(), -1)
+        token_logp = logp.gather(-1, ids[:, 1:, None])[..., 0]
+        seq_p = torch.stack([token_logp[row, len(context) - 1:len(context) - 1 + len(reply)].sum()
+                             for row, (_, reply) in enumerate(replies)]).exp()
+        total = float(seq_p.sum())
+        shares.append({arm: float(sum(p for (a, _), p in zip(replies, seq_p.tolist()) if a == arm)) / total
+                       for arm in arms})
+        masses.append(total)
+    mean = {arm: sum(s[arm] for s in shares) / len(shares) for arm in arms}
+    return {"tag": tag, "best_arm": best, "p_arm": mean, "p_best_arm": mean[best],
+            "scored_mass": sum(masses) / len(masses), "seeds": len(shares)}

@@ -2,6 +2,9 @@
 
 * Pre-tokenisation follows Qwen2 (its split regex — single digits, letters runs, punctuation runs —
   then byte-level mapping), so any text round-trips and numbers are spelled digit by digit.
+* Grid cells are single tokens: every character of a line made only of grid symbols (Sokoban's and
+  FrozenLake's renders) is split off on its own first, so ``##PX_#`` is six tokens and a cell's
+  neighbours sit at fixed token offsets (one row = width + 1 tokens) instead of hiding in BPE merges.
 * Special tokens ``<|endoftext|>`` (pad), ``<|im_start|>``, ``<|im_end|>`` (eos, the end of a turn).
 * ``<think>``, ``</think>``, ``<answer>``, ``</answer>`` are added *single* tokens that are **not**
   special: they survive ``decode(..., skip_special_tokens=True)``.
@@ -11,6 +14,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Iterator
 
@@ -27,6 +31,10 @@ TAG_TOKENS: tuple[str, ...] = ("<think>", "</think>", "<answer>", "</answer>")
 _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+GRID_SYMBOLS = "#_OX√PSG"
+"""Every symbol the grid envs render (Sokoban: ``# _ O X √ P S``; FrozenLake: ``P _ O G X √``)."""
+# One grid character, when the rest of its line is grid characters too (lines of text never are).
+_GRID_CELL = rf"[{GRID_SYMBOLS}](?=[{GRID_SYMBOLS}]*\n)"
 _MARKERS = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS + TAG_TOKENS))
 
 # ChatML, as Qwen2's template renders it (with Qwen2's default system message when none is given);
@@ -58,6 +66,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 1536, min_frequency:
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_GRID_CELL), behavior="isolated", invert=False),
         pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
     ])
@@ -70,7 +79,9 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 1536, min_frequency:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_marker_free_pieces(texts), trainer=trainer)
+    # Every grid symbol a single token, even a multi-byte one (√) that the corpus's grids might not show.
+    grid_lines = [GRID_SYMBOLS + "\n"] * max(2, min_frequency)
+    tok.train_from_iterator(_marker_free_pieces(itertools.chain(texts, grid_lines)), trainer=trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False, single_word=False, lstrip=False, rstrip=False)
                     for t in TAG_TOKENS])
     assert tok.get_vocab_size() <= vocab_size + n_fixed
@@ -102,6 +113,9 @@ def check_tokenizer(tokenizer) -> None:
     for token in TAG_TOKENS:
         ids = tokenizer.encode(f"a {token} b", add_special_tokens=False)
         assert tokenizer.decode(ids, skip_special_tokens=True) == f"a {token} b", f"{token!r} does not survive decode"
+    line = GRID_SYMBOLS + "\n"
+    pieces = [tokenizer.decode([i]) for i in tokenizer.encode(line, add_special_tokens=False)]
+    assert pieces == list(line), f"a grid line is not one token per cell: {pieces}"
     assert tokenizer.eos_token == IM_END and tokenizer.pad_token == PAD_TOKEN
     text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"), text

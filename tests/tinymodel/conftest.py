@@ -1,6 +1,7 @@
 """Fixtures for the tiny-model builder tests: one built model per session.
 
-``artifacts/tiny-model`` is reused when it holds a complete build (it is only read); otherwise, or with
+``artifacts/tiny-model`` is reused when it holds a complete build of the default config (it is only
+read); otherwise, or with
 ``RAGEN_TINYMODEL_FRESH_BUILD=1``, a quick build (few SFT steps, few episodes) goes into a temporary
 directory.
 """
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ragen_async.tinymodel.build import TinyModelConfig, build_tiny_model, is_complete_build
+from ragen_async.tinymodel.build import TinyModelConfig, build_tiny_model, cache_key, is_complete_build
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACT = REPO / "artifacts" / "tiny-model"
@@ -26,9 +27,14 @@ SMALL = TinyModelConfig(hidden_size=64, num_attention_heads=2, num_key_value_hea
 """A very small build config for determinism and cache tests."""
 
 
+def is_default_build(path: Path) -> bool:
+    """``path`` holds what ``ragen-async make-model`` builds by default (not an older or quick build)."""
+    return is_complete_build(path, cache_key(TinyModelConfig(), 0))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    if os.environ.get("RAGEN_TINYMODEL_FRESH_BUILD") != "1" and is_complete_build(ARTIFACT):
+    if os.environ.get("RAGEN_TINYMODEL_FRESH_BUILD") != "1" and is_default_build(ARTIFACT):
         return ARTIFACT
     return build_tiny_model(tmp_path_factory.mktemp("tinymodel") / "tiny-model", seed=0, **QUICK)
 

@@ -112,3 +112,53 @@ def test_sft_examples_mask_exactly_the_valid_replies(tiny_tokenizer):
             text = chat.reply_prefix + chat.decode(e.token_ids[start:end], skip_special_tokens=False)
             assert parse_reply(text, None, 10).format_ok, text
     assert n_spans > len(examples)
+
+
+def test_bandit_episodes_come_in_arm_pairs_and_grid_loss_covers_only_feedback_cells(tiny_tokenizer):
+    """No lean by construction: every bandit prompt is trained once per arm, in one batch group; the
+    perception loss sees only grid cells of the env's feedback, never reply or instruction text."""
+    from ragen_async.agent.chat import ChatFormat
+    from ragen_async.envs.bandit import BanditEnv
+    from ragen_async.tinymodel.tokenizer import GRID_SYMBOLS
+
+    chat = ChatFormat(tiny_tokenizer)
+    config = dataclasses.replace(SMALL, sft_episodes_per_tag=6, sft_bandit_episode_factor=2)
+    examples = make_sft_examples(chat, config, seed=0)
+    groups: dict[int, list] = {}
+    for e in examples:
+        groups.setdefault(e.group, []).append(e)
+    bandit_groups = [g for g in groups.values() if g[0].tag in ("Bandit", "BanditTest")]
+    assert len(bandit_groups) == 2 * 6 * 2
+    for g in bandit_groups:
+        assert len(g) == 2
+        prompts = [e.token_ids[:e.loss_mask.index(1)] for e in g]
+        assert prompts[0] == prompts[1]
+        answers = {chat.decode([t for t, m in zip(e.token_ids, e.loss_mask, strict=True) if m]) for e in g}
+        arms = BanditEnv().valid_actions() if g[0].tag == "Bandit" else None
+        assert len(answers) == 2, answers
+        if arms:  # the default names or renamed ones: each arm exactly once
+            assert all(sum(a in ans for ans in answers) <= 1 for a in arms)
+    assert all(len(g) == 1 for g in groups.values() if g[0].tag not in ("Bandit", "BanditTest"))
+    grid_cells = 0
+    for e in examples:
+        first = e.loss_mask.index(1)
+        for i, (t, g) in enumerate(zip(e.token_ids, e.grid_mask, strict=True)):
+            if g:
+                grid_cells += 1
+                assert i > first and not e.loss_mask[i] and chat.decode([t]) in GRID_SYMBOLS
+        if e.tag in ("Bandit", "BanditTest", "Countdown"):
+            assert not any(e.grid_mask)
+    assert grid_cells > 100
+
+
+def test_batches_keep_groups_together():
+    import random
+
+    examples = [build_mod.SFTExample("t", [0] * (5 + i % 7), [1] * (5 + i % 7), [0] * (5 + i % 7), i // 2)
+                for i in range(40)]
+    seen = 0
+    for batch in build_mod._batches(examples, batch_tokens=60, steps=30, rng=random.Random(0)):
+        ids = [e.group for e in batch]
+        assert all(ids.count(g) == 2 for g in ids)
+        seen += len(batch)
+    assert seen > len(examples)

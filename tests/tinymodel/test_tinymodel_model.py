@@ -37,3 +37,18 @@ def test_generation_config_and_build_info(tiny_model_dir, tiny_tokenizer):
     for key in ("seed", "config", "parameter_count", "sft_loss", "build_wall_time_s", "cache_key", "format_version"):
         assert key in info
     assert info["sft_loss"]["final"] < info["sft_loss"]["first"]
+
+
+def test_default_build_has_no_bandit_lean(tiny_model_dir):
+    """The default build's exact probability of the high-risk arm is 0.5 +- 0.05 (measured from the
+    model's probabilities over its reply forms). A quick test build is not trained enough to say."""
+    import pytest
+
+    from ragen_async.tinymodel.report import arm_probabilities
+    from tests.tinymodel.conftest import is_default_build
+
+    if not is_default_build(tiny_model_dir):
+        pytest.skip("the session's model is a quick build (run `ragen-async make-model` for the default one)")
+    arms = arm_probabilities(tiny_model_dir)
+    assert 0.45 <= arms["p_best_arm"] <= 0.55, arms
+    assert arms["scored_mass"] > 0.8, arms

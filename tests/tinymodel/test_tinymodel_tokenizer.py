@@ -87,3 +87,18 @@ def test_train_tokenizer_is_deterministic_and_checked():
     assert a.get_vocab() == b.get_vocab()
     check_tokenizer(a)
     assert a.decode(a.encode("Target: 12, nums: [3, 4] √ é", add_special_tokens=False)) == "Target: 12, nums: [3, 4] √ é"
+
+
+def test_grid_cells_are_one_token_each(tiny_tokenizer):
+    """A rendered grid is read cell by cell: one token per cell, one newline token per row, so a cell's
+    neighbour above is always width + 1 tokens back."""
+    from ragen_async.envs.frozen_lake import FrozenLakeEnv
+    from ragen_async.envs.sokoban import SokobanEnv
+
+    for env in (SokobanEnv(), FrozenLakeEnv()):
+        env.reset(seed=3)
+        grid = env.render() + "\n"
+        pieces = [tiny_tokenizer.decode([i]) for i in tiny_tokenizer.encode(grid, add_special_tokens=False)]
+        assert pieces == list(grid), pieces
+    # Letters of ordinary words are not split.
+    assert len(tiny_tokenizer.encode("Put every box on a target", add_special_tokens=False)) < 10
