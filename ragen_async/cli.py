@@ -203,6 +203,31 @@ def bench_pipeline_cmd(
             f.write(f"\n## Pipeline benchmark ({time.strftime('%Y-%m-%d %H:%M')})\n\n{text}")
 
 
+@bench_app.command("step")
+def bench_step_cmd(
+    config: Annotated[Path, typer.Argument(help="config")] = Path("configs/tiny/starpo_s_sokoban.yaml"),
+    overrides: OverridesArg = None,
+    steps: Annotated[int, typer.Option(help="measured learner steps")] = 10,
+    warmup: Annotated[int, typer.Option(help="steps before the measured ones")] = 2,
+    out: Annotated[Path | None, typer.Option(help="append the tables to this markdown file")] = None,
+) -> None:
+    """Where one learner step's time goes (local runtime), and the rollout's rate vs the raw engine's."""
+    _setup_logging()
+    from ragen_async.experiments.bench import machine_description
+    from ragen_async.experiments.step_profile import format_profile, profile_steps
+
+    cfg = _load(config, overrides)
+    cmd = "ragen-async bench step " + " ".join([str(config), *(overrides or [])])
+    profile = profile_steps(cfg, steps, warmup)
+    text = (f"machine: {machine_description()}\ncommand: `{cmd} --steps {steps} --warmup {warmup}`\n"
+            f"median over {profile.steps} steps after {warmup} warm-up steps\n\n{format_profile(profile)}\n")
+    print(text)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("a") as f:
+            f.write(f"\n## Step profile ({time.strftime('%Y-%m-%d %H:%M')})\n\n{text}")
+
+
 @app.command()
 def sweep(
     spec: Annotated[Path | None, typer.Argument(help="sweep spec (configs/sweeps/*.yaml); omit with --resume")] = None,

@@ -24,6 +24,7 @@ import copy
 import logging
 import math
 import random
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -238,6 +239,7 @@ class Learner:
     def train_step(self, shard: BatchShard) -> TrainResult:
         """One learner step on this rank's shard: the new version and this rank's metrics (plain floats)."""
         lc = self.cfg.learner
+        t0 = time.perf_counter()
         batch = collate_shard(shard, self.pad_id)
         self.actor.train()
         # Every rank derives the mini-batch count from global numbers so all ranks step together.
@@ -246,7 +248,9 @@ class Learner:
         # sees: its detached log-probs are the old (proximal) ones, filled in by _optimizer_step, and the
         # separate no-grad pass of the actor is skipped.
         single_pass = lc.epochs == 1 and n_mini == 1
+        t1 = time.perf_counter()
         recomputed = self._recompute(batch, logprobs=not single_pass)
+        t2 = time.perf_counter()
         old_logprobs = torch.zeros_like(batch.behaviour_logprobs) if single_pass else recomputed["old_logprobs"]
         old_values = recomputed.get("old_values")
         advantages, returns = self._advantages(batch, old_values)
@@ -258,6 +262,7 @@ class Learner:
 
         sums: dict[str, float] = defaultdict(float)
         n_steps = 0
+        t3 = time.perf_counter()
         for _epoch in range(lc.epochs):
             for mini in split_even(batch.size, n_mini):
                 step_metrics = self._optimizer_step(batch, mini, old_logprobs, old_values, advantages,
@@ -265,6 +270,8 @@ class Learner:
                 for k, v in step_metrics.items():
                     sums[k] += v
                 n_steps += 1
+        metrics.update({"timing/learner_collate_s": t1 - t0, "timing/learner_recompute_s": t2 - t1,
+                        "timing/learner_advantages_s": t3 - t2, "timing/learner_update_s": time.perf_counter() - t3})
         metrics.update(self._mismatch_metrics(batch, old_logprobs, shard.learner_version))
         metrics.update({k: v / n_steps for k, v in sums.items()})
         metrics["actor/skipped_steps"] = float(self.skipped_steps)

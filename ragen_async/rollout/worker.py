@@ -150,6 +150,7 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     out = summarize_trajectories([t for g in groups for t in g.trajectories], "rollout")
     out["rollout/in_group_reward_std"] = float(np.mean(stds)) if stds else 0.0
     out["rollout/groups"] = float(len(groups))
+    out["rollout/generated_tokens"] = float(sum(t.num_response_tokens for g in groups for t in g.trajectories))
     return out
 
 

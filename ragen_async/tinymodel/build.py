@@ -80,7 +80,7 @@ class TinyModelConfig:
     """Std of the initial weights. Larger than transformers' 0.02: with it the model learns to copy an
     arm name from the prompt several times sooner (a phase change the SFT budget must reach)."""
     # SFT warm start
-    sft_steps: int = 600
+    sft_steps: int = 900
     sft_batch_tokens: int = 4096
     """Padded tokens per SFT batch (short episodes pack many per batch)."""
     sft_lr: float = 3e-3

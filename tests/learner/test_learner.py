@@ -134,3 +134,66 @@ def test_two_ranks_give_the_single_process_gradient(tiny_model_path, tmp_path):
     merged = merge_rank_metrics([torch.load(tmp_path / f"rank{r}.pt") for r in range(2)])
     for key in ("actor/grad_norm", "critic/grad_norm", "actor/pg_loss", "critic/vf_loss", "actor/entropy"):
         assert merged[key] == pytest.approx(single[key], rel=1e-4, abs=1e-6), key
+
+
+def test_pack_rows_caps_rows_and_padded_tokens():
+    from ragen_async.learner.batch import pack_rows
+
+    lengths = [300, 900, 120, 700, 880, 650, 90, 310]
+    groups = pack_rows(lengths, max_rows=3, max_tokens=2000)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        assert len(g) <= 3
+        assert len(g) == 1 or len(g) * max(lengths[i] for i in g) <= 2000
+        assert [lengths[i] for i in g] == sorted((lengths[i] for i in g), reverse=True)
+    # padded tokens: far fewer than one micro-batch of rows in their order would pad to
+    assert sum(len(g) * max(lengths[i] for i in g) for g in groups) < 3 * (900 + 880 + 310)
+    plain = pack_rows(lengths, max_rows=3)  # rows only: contiguous, in order, even sizes
+    assert [i for g in plain for i in g] == list(range(8)) and sorted(map(len, plain)) == [2, 3, 3]
+
+
+def test_logits_only_at_trained_tokens_match_the_full_forward(tiny_model_path):
+    """TokenLogits computes the vocabulary head only where the loss mask is 1; the log-probs and
+    entropies there equal those of a full forward with an attention mask (right padding)."""
+    from ragen_async import algo
+    from ragen_async.learner.batch import collate_shard
+
+    cfg = make_cfg(tiny_model_path)
+    learner = Learner(cfg)
+    batch = collate_shard(make_shard(tiny_model_path, cfg)[0], learner.pad_id).select(slice(0, 6)).trimmed()
+    with torch.no_grad():
+        logprobs, entropy = learner._policy_forward(learner.actor_head, batch, with_entropy=True)
+        logits = learner.actor(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits.float()
+        logits = logits[:, :-1] / learner.temperature
+        full_lp = algo.logprobs_from_logits(logits, batch.input_ids[:, 1:])
+        full_ent = algo.entropy_from_logits(logits)
+    mask = batch.loss_mask[:, 1:] > 0
+    assert mask.sum() > 20 and (batch.loss_mask[:, 1:] == 0).sum() > mask.sum()  # most tokens are not trained
+    assert torch.allclose(logprobs[:, 1:][mask], full_lp[mask], atol=1e-4)
+    assert torch.allclose(entropy[:, 1:][mask], full_ent[mask], atol=1e-4)
+    assert (logprobs[:, 1:][~mask] == 0).all()
+
+
+def test_single_on_policy_update_skips_the_actor_recompute_without_changing_the_old_logprobs(tiny_model_path):
+    """One update on the whole shard reads its old log-probs from its own forward: the behaviour vs
+    learner mismatch it reports equals the one from a separate no-grad pass, and the update is the
+    same as with that pass (PPO ratio exactly 1, same new weights)."""
+    import copy
+
+    from ragen_async.learner.batch import collate_shard
+
+    cfg = make_cfg(tiny_model_path, "learner.mini_batch_size=16")  # one mini-batch: the single pass
+    shard = make_shard(tiny_model_path, cfg)[0]
+    learner = Learner(cfg)
+    reference = copy.deepcopy(learner)
+    batch = collate_shard(shard, learner.pad_id)
+    old = reference._recompute(batch)["old_logprobs"]
+    expected = reference._mismatch_metrics(batch, old, shard.learner_version)
+
+    calls = []
+    original = learner._recompute
+    learner._recompute = lambda b, logprobs=True: calls.append(logprobs) or original(b, logprobs)
+    metrics = learner.train_step(shard).metrics
+    assert calls == [False]  # the actor's no-grad pass was skipped
+    assert metrics["mismatch/k3_kl"] == pytest.approx(expected["mismatch/k3_kl"], abs=1e-7)
+    assert metrics["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-7)
