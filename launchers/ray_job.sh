@@ -241,7 +241,7 @@ PY
                  "where artifacts/ is not uploaded; use an absolute path that exists on every node"
         fi
     else
-        (cd "$repo" && "$python" -m ragen_async.cli "${entrypoint[@]:3}" --dry-run >/dev/null) \
+        (cd "$repo" && "$python" -m ragen_async.cli "${entrypoint[@]:4}" --dry-run >/dev/null) \
             || die "the sweep does not validate (run it with --dry-run to see the plan)"
     fi
 fi

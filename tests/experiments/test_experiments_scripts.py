@@ -131,6 +131,18 @@ def test_ray_job_sh_validates_the_config_before_uploading(tmp_path):
     assert result.returncode == 2 and "would not be uploaded" in result.stderr and not args
 
 
+def test_ray_job_sh_submits_a_validated_sweep(tmp_path):
+    spec = "configs/sweeps/staleness_bandit.yaml"
+    result, args = ray_job(tmp_path, "--no-wait", "--run-root", "/shared/runs", "sweep", spec, "total_steps=3")
+    assert result.returncode == 0, result.stderr
+    entry = args[args.index("--") + 1:]
+    assert entry[:8] == ["python", "-u", "-m", "ragen_async.cli", "sweep", spec, "runtime=ray", "total_steps=3"]
+    assert entry[8] == "--out" and entry[9].startswith("/shared/runs/sweeps/staleness_bandit-")
+    result, args = ray_job(tmp_path, "sweep", spec, "total_stepz=3")
+    assert result.returncode == 2 and "total_stepz" in result.stderr and "does not validate" in result.stderr
+    assert not args
+
+
 @pytest.mark.parametrize("env, flag, expected, source", [
     ({}, [], "http://127.0.0.1:8265", "default"),
     ({"RAY_ADDRESS": "http://a:8265"}, [], "http://a:8265", "RAY_ADDRESS"),
