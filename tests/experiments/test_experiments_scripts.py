@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -61,40 +62,163 @@ def test_local_sh_help_and_errors():
     assert run([str(SCRIPTS[0])], env={}).returncode == 2
 
 
+# `ray job` stand-in: logs the arguments of `submit`; `logs` prints a line; `status` answers as Ray's CLI
+# words it, for the status in $FAKE_STATUS.
+FAKE_RAY = r"""case $2 in
+submit) printf "%s\n" "$@" > "$LOG" ;;
+logs) echo "driver output" ;;
+status) id=${!#}
+  case $FAKE_STATUS in
+    SUCCEEDED) printf "SUCC cli.py:67 -- \033[32mJob '%s' succeeded\033[39m\n" "$id" ;;
+    FAILED) echo "ERR cli.py:75 -- Job '$id' failed"; echo "Status message: exit code 2" ;;
+    STOPPED) echo "WARN cli.py:85 -- Job '$id' was stopped" ;;
+    *) exit 1 ;;
+  esac ;;
+esac
+"""
+
+
+def ray_job(tmp_path, *args: str, cwd=REPO, **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """Run ray_job.sh against the stand-in; returns the result and the `ray job submit` arguments."""
+    stub(tmp_path, "fake-ray", FAKE_RAY)
+    log = tmp_path / "log"
+    log.unlink(missing_ok=True)
+    base = {"RAY": str(tmp_path / "fake-ray"), "LOG": str(log), "PYTHON": sys.executable, "RAY_ADDRESS": "",
+            "RAY_API_SERVER_ADDRESS": "", "RAGEN_RUN_ROOT": "", "WANDB_PROJECT": "", "WANDB_ENTITY": "",
+            "WANDB_RUN_GROUP": "", "WANDB_TAGS": "", "FAKE_STATUS": "SUCCEEDED"}
+    result = run([str(SCRIPTS[1]), *args], cwd=cwd, env={**base, **env})
+    return result, (log.read_text().splitlines() if log.exists() else [])
+
+
 def test_ray_job_sh_submits_train_with_the_working_dir_and_excludes(tmp_path):
-    stub(tmp_path, "fake-ray", 'printf "%s\\n" "$@" > "$LOG"\n')
-    result = run([str(SCRIPTS[1]), "--no-wait", "--address", "http://head:8265", "--run-root", "/shared/runs",
-                  str(REPO / CONFIG), "seed=3"], cwd=tmp_path,  # from elsewhere: the path is made relative
-                 env={"RAY": str(tmp_path / "fake-ray"), "LOG": str(tmp_path / "log"),
-                      "WANDB_PROJECT": 'my "project"', "WANDB_API_KEY": "secret"})
+    result, args = ray_job(tmp_path, "--no-wait", "--address", "http://head:8265", "--run-root", "/shared/runs",
+                           str(REPO / CONFIG), "seed=3", cwd=tmp_path,  # from elsewhere: the path is made relative
+                           WANDB_PROJECT='my "project"', WANDB_API_KEY="secret", WANDB_RUN_GROUP="g1",
+                           RAY_ADDRESS="http://ignored:1")
     assert result.returncode == 0, result.stderr
-    args = (tmp_path / "log").read_text().splitlines()
     assert args[:4] == ["job", "submit", "--address", "http://head:8265"]
     assert args[args.index("--working-dir") + 1] == str(REPO)
     runtime_env = json.loads(args[args.index("--runtime-env-json") + 1])
     assert {"/.venv/", "/artifacts/", "/runs/"} <= set(runtime_env["excludes"])
-    assert runtime_env["env_vars"]["WANDB_PROJECT"] == 'my "project"'
-    assert "WANDB_API_KEY" not in runtime_env["env_vars"]  # only with --forward-wandb-key
-    assert "WANDB_MODE" not in runtime_env["env_vars"]  # would clash with the trainer's ray.init env_vars
-    assert "--no-wait" in args
+    env_vars = runtime_env["env_vars"]
+    assert "WANDB_API_KEY" not in env_vars  # only with --forward-wandb-key
+    assert "WANDB_MODE" not in env_vars and "WANDB_PROJECT" not in env_vars  # the config's logging.* decide
+    assert env_vars["WANDB_RUN_GROUP"] == "g1" and "WANDB_TAGS" not in env_vars
+    assert "--no-wait" in args and "--entrypoint-num-cpus" not in args
     entry = args[args.index("--") + 1:]
     assert entry == ["python", "-u", "-m", "ragen_async.cli", "train", CONFIG, "runtime=ray", "seed=3",
-                     "run_root=/shared/runs"]
+                     'logging.wandb_project=my "project"', "run_root=/shared/runs"]
     submission = args[args.index("--submission-id") + 1]
     assert f"ray job logs   --address http://head:8265 --follow {submission}" in result.stderr
     assert "model.path=artifacts/tiny-model is relative" in result.stderr
+    metadata = json.loads(args[args.index("--metadata-json") + 1])
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if commit:  # a git checkout: the commit travels with the job
+        assert metadata["git_commit"] == env_vars["WANDB_GIT_COMMIT"] == commit
+        assert submission.startswith("ragen-starpo_s_bandit-") and f"-{commit[:8]}-" in submission
+        assert metadata["git_dirty"] in ("true", "false")
+    assert metadata["ragen_command"] == "train" and metadata["ragen_target"] == CONFIG
+    assert metadata["run_root"] == "/shared/runs" and metadata["wandb_group"] == "g1"
 
 
 def test_ray_job_sh_validates_the_config_before_uploading(tmp_path):
-    stub(tmp_path, "fake-ray", "touch \"$LOG\"\n")
-    result = run([str(SCRIPTS[1]), CONFIG, "algo.clip_eps_hgih=1"], cwd=REPO,
-                 env={"RAY": str(tmp_path / "fake-ray"), "LOG": str(tmp_path / "log")})
+    result, args = ray_job(tmp_path, CONFIG, "algo.clip_eps_hgih=1")
     assert result.returncode == 2 and "algo.clip_eps_hgih" in result.stderr
-    assert not (tmp_path / "log").exists()
+    assert not args
     outside = tmp_path / "c.yaml"
     outside.write_text("name: x\n")
-    result = run([str(SCRIPTS[1]), str(outside)], cwd=REPO, env={"RAY": str(tmp_path / "fake-ray")})
-    assert result.returncode == 2 and "would not be uploaded" in result.stderr
+    result, args = ray_job(tmp_path, str(outside))
+    assert result.returncode == 2 and "would not be uploaded" in result.stderr and not args
+
+
+def test_ray_job_sh_submits_a_validated_sweep(tmp_path):
+    spec = "configs/sweeps/staleness_bandit.yaml"
+    result, args = ray_job(tmp_path, "--no-wait", "--run-root", "/shared/runs", "sweep", spec, "total_steps=3")
+    assert result.returncode == 0, result.stderr
+    entry = args[args.index("--") + 1:]
+    assert entry[:8] == ["python", "-u", "-m", "ragen_async.cli", "sweep", spec, "runtime=ray", "total_steps=3"]
+    assert entry[8] == "--out" and entry[9].startswith("/shared/runs/sweeps/staleness_bandit-")
+    result, args = ray_job(tmp_path, "sweep", spec, "total_stepz=3")
+    assert result.returncode == 2 and "total_stepz" in result.stderr and "does not validate" in result.stderr
+    assert not args
+
+
+@pytest.mark.parametrize("env, flag, expected, source", [
+    ({}, [], "http://127.0.0.1:8265", "default"),
+    ({"RAY_ADDRESS": "http://a:8265"}, [], "http://a:8265", "RAY_ADDRESS"),
+    ({"RAY_ADDRESS": "http://a:8265", "RAY_API_SERVER_ADDRESS": "https://b:443"}, [], "https://b:443",
+     "RAY_API_SERVER_ADDRESS"),  # Ray's own order
+    ({"RAY_ADDRESS": "http://a:8265", "RAY_API_SERVER_ADDRESS": "https://b:443"}, ["--address", "http://c:1"],
+     "http://c:1", "--address"),
+    ({"RAY_ADDRESS": "10.0.0.1:6379"}, [], "10.0.0.1:6379", "RAY_ADDRESS"),
+    ({"RAY_ADDRESS": "ray://head:10001"}, [], "ray://head:10001", "RAY_ADDRESS"),
+])
+def test_ray_job_sh_address_follows_ray(tmp_path, env, flag, expected, source):
+    result, args = ray_job(tmp_path, *flag, "--no-wait", CONFIG, **env)
+    assert result.returncode == 0, result.stderr
+    assert args[args.index("--address") + 1] == expected
+    assert f"to {expected} ({source})" in result.stderr
+    if expected == "10.0.0.1:6379":
+        assert "GCS address" in result.stderr
+    if expected.startswith("ray://"):
+        assert "Ray Client address" in result.stderr
+
+
+def test_ray_job_sh_rejects_an_address_it_cannot_use(tmp_path):
+    result, args = ray_job(tmp_path, CONFIG, RAY_ADDRESS="grpc://head:1")
+    assert result.returncode == 2 and "RAY_ADDRESS=grpc://head:1" in result.stderr and not args
+
+
+def test_ray_job_sh_resumes_a_run_directory(tmp_path):
+    run_dir = tmp_path / "runs" / "starpo_s-bandit-20261130-101500"
+    run_dir.mkdir(parents=True)
+    shutil.copy(REPO / "configs" / "tiny" / "base.yaml", run_dir / "config.yaml")
+    result, args = ray_job(tmp_path, "--no-wait", "--entrypoint-num-cpus", "2", "--job-python", "/opt/venv/bin/python",
+                           "train", "--resume", f"{run_dir}/")
+    assert result.returncode == 0, result.stderr
+    assert args[args.index("--") + 1:] == ["/opt/venv/bin/python", "-u", "-m", "ragen_async.cli", "train", "--resume",
+                                           str(run_dir)]
+    assert args[args.index("--entrypoint-num-cpus") + 1] == "2"
+    metadata = json.loads(args[args.index("--metadata-json") + 1])
+    assert metadata["ragen_command"] == "train --resume" and metadata["ragen_target"] == str(run_dir)
+    assert args[args.index("--submission-id") + 1].startswith("ragen-resume-starpo_s-bandit-20261130-101500-")
+    # Not on this machine: submitted anyway (the cluster's storage may have it).
+    result, args = ray_job(tmp_path, "--no-wait", "sweep", "--resume", "/cluster/only/sweeps/s1")
+    assert result.returncode == 0 and "not on this machine" in result.stderr
+    assert args[args.index("--") + 1:][-3:] == ["sweep", "--resume", "/cluster/only/sweeps/s1"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "--resume", "runs/x"], "absolute path"),
+    (["train", "--resume", "/abs/x", "total_steps=9"], "do not pass a config or overrides"),
+    (["--run-root", "/shared", "train", "--resume", "/abs/x"], "drop --run-root"),
+    (["train", "--resume"], "--resume needs a directory"),
+    (["--entrypoint-num-cpus", "two", CONFIG], "must be a number"),
+])
+def test_ray_job_sh_rejects_bad_arguments(tmp_path, args, message):
+    result, submitted = ray_job(tmp_path, *args)
+    assert result.returncode == 2 and message in result.stderr and not submitted
+
+
+def test_ray_job_sh_resume_checks_a_local_run_directory(tmp_path):
+    result, args = ray_job(tmp_path, "train", "--resume", str(tmp_path))
+    assert result.returncode == 2 and "no config.yaml" in result.stderr and not args
+
+
+@pytest.mark.parametrize("status, code", [("SUCCEEDED", 0), ("FAILED", 1), ("STOPPED", 1)])
+def test_ray_job_sh_follows_the_job_and_exits_with_its_outcome(tmp_path, status, code):
+    result, args = ray_job(tmp_path, "--wandb-tags", "a,b", CONFIG, FAKE_STATUS=status)
+    assert result.returncode == code, result.stderr
+    assert "--no-wait" in args  # submitted, then followed with `ray job logs --follow`
+    assert "driver output" in result.stdout and f" {status}" in result.stderr
+    assert json.loads(args[args.index("--runtime-env-json") + 1])["env_vars"]["WANDB_TAGS"] == "a,b"
+
+
+def test_ray_job_sh_help_describes_every_option(tmp_path):
+    result = run([str(SCRIPTS[1]), "--help"], env={})
+    assert result.returncode == 0
+    options = set(re.findall(r"--[a-z][a-z-]+\)", SCRIPTS[1].read_text()))  # the case labels it parses
+    assert options and all(o[:-1] in result.stdout for o in options), options
 
 
 # ---------------------------------------------------------------------------- sbatch
