@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 $(MODEL)/build_info.json: $(STAMP)
-	$(VENV)/bin/ragen-async make-model --out $(MODEL)
+	$(VENV)/bin/ragen-async make-model --out $(MODEL) --no-report
 
 model: $(MODEL)/build_info.json
 

@@ -169,15 +169,21 @@ def report_base_policy(model_dir: Path | str, seeds_per_tag: int = 64, save: boo
     print(format_table(reports), flush=True)
     print(f"(transformers engine, temperature {kwargs.get('temperature', 1.0)}, {seeds_per_tag} seeds per tag, "
           f"{time.perf_counter() - t0:.0f} s)", flush=True)
-    arms = arm_probabilities(model_dir)
-    print(f"Bandit, exact from the model's probabilities: P({arms['best_arm']}) = {arms['p_best_arm']:.3f} "
-          f"(unbiased: 0.5; the scored replies carry {arms['scored_mass']:.0%} of the model's probability)",
-          flush=True)
+    arms = report_arm_probabilities(model_dir)
     if save:
         out = {"seeds_per_tag": seeds_per_tag, "engine": "hf", "temperature": kwargs.get("temperature", 1.0),
                "tags": {tag: r.to_dict() for tag, r in reports.items()}, "bandit_arms": arms}
         (Path(model_dir) / "base_policy_report.json").write_text(json.dumps(out, indent=2) + "\n")
     return reports
+
+
+def report_arm_probabilities(model_dir: Path | str) -> dict[str, Any]:
+    """Print (and return) :func:`arm_probabilities` for the default bandit: the base model's lean."""
+    arms = arm_probabilities(model_dir)
+    print(f"Bandit, exact from the model's probabilities: P({arms['best_arm']}) = {arms['p_best_arm']:.3f} "
+          f"(unbiased: 0.5; the scored replies carry {arms['scored_mass']:.0%} of the model's probability)",
+          flush=True)
+    return arms
 
 
 class _FirstContext:
