@@ -183,36 +183,36 @@ def no_trajectories(rng, valid, secret, legit):
 
 KINDS: dict[str, tuple[Callable[..., Frames], str]] = {
     # garbage bytes
-    "garbage_one_frame": (lambda rng, v, s, l: [rng.bytes(int(rng.integers(1, 4000)))], "truncated"),
+    "garbage_one_frame": (lambda rng, v, s, sent: [rng.bytes(int(rng.integers(1, 4000)))], "truncated"),
     "garbage_frames": (
-        lambda rng, v, s, l: [rng.bytes(int(rng.choice([rng.integers(0, 32), rng.integers(33, 300)])))]
+        lambda rng, v, s, sent: [rng.bytes(int(rng.choice([rng.integers(0, 32), rng.integers(33, 300)])))]
         + [rng.bytes(int(rng.integers(0, 3000))) for _ in range(int(rng.integers(1, 6)))],
         "malformed",  # the signature frame has the wrong length
     ),
     "garbage_header": (  # 0xc1 is the one byte msgpack never uses: the header can never parse
-        lambda rng, v, s, l: [rng.bytes(32), b"\xc1" + rng.bytes(int(rng.integers(0, 2000))), *v[2:]],
+        lambda rng, v, s, sent: [rng.bytes(32), b"\xc1" + rng.bytes(int(rng.integers(0, 2000))), *v[2:]],
         "malformed",
     ),
     # truncated valid messages
-    "missing_array_frames": (lambda rng, v, s, l: v[: int(rng.integers(2, len(v)))], "truncated"),
-    "cut_header": (lambda rng, v, s, l: [v[0], v[1][: int(rng.integers(1, len(v[1])))], *v[2:]], "malformed"),
+    "missing_array_frames": (lambda rng, v, s, sent: v[: int(rng.integers(2, len(v)))], "truncated"),
+    "cut_header": (lambda rng, v, s, sent: [v[0], v[1][: int(rng.integers(1, len(v[1])))], *v[2:]], "malformed"),
     "cut_array_frame": (
-        lambda rng, v, s, l: (lambda i: [*v[:i], v[i][: int(rng.integers(0, len(v[i])))], *v[i + 1 :]])(
+        lambda rng, v, s, sent: (lambda i: [*v[:i], v[i][: int(rng.integers(0, len(v[i])))], *v[i + 1 :]])(
             int(rng.integers(2, len(v)))
         ),
         "bad_signature",
     ),
     # over the receiver's size cap (every frame under it, the message as a whole over it)
     "oversized_total": (
-        lambda rng, v, s, l: [*v, *(rng.bytes(CAP // 2 + 1) for _ in range(int(rng.integers(2, 4))))],
+        lambda rng, v, s, sent: [*v, *(rng.bytes(CAP // 2 + 1) for _ in range(int(rng.integers(2, 4))))],
         "oversized",
     ),
     # wrong signatures
-    "wrong_secret": (lambda rng, v, s, l: _resign(v, secrets.token_bytes(32), lambda h, a: None), "bad_signature"),
-    "random_signature": (lambda rng, v, s, l: [rng.bytes(32), *v[1:]], "bad_signature"),
+    "wrong_secret": (lambda rng, v, s, sent: _resign(v, secrets.token_bytes(32), lambda h, a: None), "bad_signature"),
+    "random_signature": (lambda rng, v, s, sent: [rng.bytes(32), *v[1:]], "bad_signature"),
     "flipped_bit": (flipped_bit, "bad_signature"),
     "unknown_version_unsigned": (
-        lambda rng, v, s, l: [v[0], msgpack.packb({**_header(v), "v": 99}, use_bin_type=True), *v[2:]],
+        lambda rng, v, s, sent: [v[0], msgpack.packb({**_header(v), "v": 99}, use_bin_type=True), *v[2:]],
         "unknown_version",
     ),
     # validly signed, values out of range
@@ -228,10 +228,10 @@ KINDS: dict[str, tuple[Callable[..., Frames], str]] = {
     "reward_is_nested_map": (reward_is_nested_map, "wrong_type"),
     "no_trajectories": (no_trajectories, "malformed"),
     # wrong number of multipart parts
-    "extra_frame": (lambda rng, v, s, l: [*v, rng.bytes(int(rng.integers(0, 64)))], "malformed"),
-    "signature_only": (lambda rng, v, s, l: [v[0]], "truncated"),
+    "extra_frame": (lambda rng, v, s, sent: [*v, rng.bytes(int(rng.integers(0, 64)))], "malformed"),
+    "signature_only": (lambda rng, v, s, sent: [v[0]], "truncated"),
     # a legitimate message sent again
-    "replay": (lambda rng, v, s, l: list(l[int(rng.integers(len(l)))]), "replayed"),
+    "replay": (lambda rng, v, s, sent: list(sent[int(rng.integers(len(sent)))]), "replayed"),
 }
 
 
