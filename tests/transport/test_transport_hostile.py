@@ -1,6 +1,6 @@
 """Hostile traffic against a live ``ZmqReceiver`` on TCP loopback, interleaved with a legitimate sender.
 
-Ten thousand hostile messages in twenty-five kinds (garbage, truncated valid messages, messages over the
+Ten thousand hostile messages of twenty-six kinds (garbage, truncated valid messages, messages over the
 size cap, wrong signatures, validly signed messages with out-of-range values, wrong frame counts, and
 replays of legitimate messages) go through one PUSH socket while a second PUSH socket delivers real
 trajectory groups. The receiver must
