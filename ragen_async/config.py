@@ -180,7 +180,8 @@ class WeightSyncConfig(_Strict):
 class TransportConfig(_Strict):
     kind: Literal["zmq", "inproc"] = "zmq"
     host: str = "auto"
-    """Address receivers bind on; ``auto`` = this node's IP as Ray reports it (works on a cluster)."""
+    """Address receivers bind on; ``auto`` = this node's IP as Ray reports it (works on a cluster, and
+    listens on that interface only). ``0.0.0.0`` / ``*`` listen on every interface: only when set here."""
     high_water_mark: int = Field(8, ge=1)
     max_message_mb: float = Field(256.0, gt=0)
     send_timeout_s: float = Field(600.0, gt=0)

@@ -37,7 +37,7 @@ from ragen_async.learner.learner import TrainResult, merge_rank_metrics
 from ragen_async.protocol import BatchShard, TrajectoryGroup
 from ragen_async.rollout.actor import AdmissionGate, RolloutActor
 from ragen_async.runtime import Admission, Runtime
-from ragen_async.transport import make_receiver, make_sender
+from ragen_async.transport import bind_address, make_receiver, make_sender
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +115,7 @@ class RayRuntime(Runtime):
         cfg = self.cfg
         data = cfg.model_dump(mode="json")
         secret = secrets.token_bytes(32)  # per-run HMAC key: nothing outside the run can inject data
-        host = ray.util.get_node_ip_address() if cfg.transport.host == "auto" else cfg.transport.host
-        self.receiver = make_receiver(cfg.transport.kind, f"tcp://{host}:*", secret,
+        self.receiver = make_receiver(cfg.transport.kind, bind_address(cfg.transport.host), secret,
                                       hwm=cfg.transport.high_water_mark, expected=TrajectoryGroup,
                                       max_message_bytes=int(cfg.transport.max_message_mb * 2**20))
         k_admit = 0 if cfg.staleness.fixed_lag else cfg.staleness.max_staleness

@@ -21,7 +21,7 @@ import torch
 from ragen_async.config import RunConfig
 from ragen_async.learner.learner import Learner, TrainResult
 from ragen_async.protocol import BatchShard
-from ragen_async.transport import make_receiver
+from ragen_async.transport import bind_address, make_receiver
 from ragen_async.weight_sync.base import RingBuffer
 
 
@@ -42,14 +42,11 @@ class LearnerActor:
         torch.set_num_threads(self.cfg.learner.torch_threads)
         os.environ.setdefault("OMP_NUM_THREADS", str(self.cfg.learner.torch_threads))
         self.learner: Learner | None = None
-        self.receiver = make_receiver(self.cfg.transport.kind, f"tcp://{self._host()}:*", secret,
+        self.receiver = make_receiver(self.cfg.transport.kind, bind_address(self.cfg.transport.host), secret,
                                       hwm=2, expected=BatchShard,
                                       max_message_bytes=int(self.cfg.transport.max_message_mb * 2**20))
         self.publisher = None
         self.ring: RingBuffer | None = None
-
-    def _host(self) -> str:
-        return ray.util.get_node_ip_address() if self.cfg.transport.host == "auto" else self.cfg.transport.host
 
     def _device(self) -> str:
         return "cuda" if self.cfg.learner.gpus_per_rank > 0 and torch.cuda.is_available() else "cpu"

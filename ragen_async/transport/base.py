@@ -8,7 +8,8 @@ Two small ABCs, each a template method over a frame-level primitive that impleme
 * :class:`MessageReceiver` — ``receive(timeout_s)`` pulls frames with ``_recv_frames``, decodes them, and
   returns the first valid message or ``None`` when the time is up. A message that fails to decode is
   counted in :attr:`MessageReceiver.stats` under its reject reason and skipped: one bad peer never stops
-  the consumer.
+  the consumer. A valid message whose exact bytes were already accepted (same signature) is a replay:
+  it is counted as ``replayed`` and skipped, so a captured frame sent again is delivered at most once.
 
 Both ends run the same codec whatever the medium, so the bytes tested in process are the bytes that cross
 the network. Implementations are not thread-safe: use each endpoint from one thread at a time.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -37,6 +39,7 @@ from ragen_async.transport.codec import (
 
 __all__ = [
     "DEFAULT_HWM",
+    "DEFAULT_REPLAY_WINDOW",
     "DEFAULT_SEND_TIMEOUT_S",
     "MessageReceiver",
     "MessageSender",
@@ -47,6 +50,10 @@ __all__ = [
 
 DEFAULT_HWM = 8
 """Messages a queue holds before the sender blocks. Trajectory groups are large, so keep this small."""
+DEFAULT_REPLAY_WINDOW = 16384
+"""Signatures of accepted messages a receiver remembers to refuse replays (about 2 MiB at most). A run
+consumes a few groups per second, so this covers the last hours; older replays of trajectory groups are
+still refused by the trainer, which never takes the same group index twice."""
 DEFAULT_SEND_TIMEOUT_S = 60.0
 """How long ``send`` waits for queue space when the caller gives no timeout. Long enough to ride out a
 learner step; short enough that a consumer that died turns into an error instead of a silent hang."""
@@ -69,7 +76,7 @@ class ReceiverStats:
     bytes: int = 0
     """Bytes of all frames of the accepted messages."""
     rejected: dict[RejectReason, int] = field(default_factory=lambda: dict.fromkeys(REJECT_REASONS, 0))
-    """Messages dropped by the codec, by reason."""
+    """Messages dropped by the codec or as replays, by reason."""
 
     @property
     def rejected_total(self) -> int:
@@ -157,12 +164,27 @@ class MessageReceiver(_Endpoint):
         secret: bytes,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         expected: type | tuple[type, ...] | None = None,
+        replay_window: int = DEFAULT_REPLAY_WINDOW,
     ) -> None:
+        """
+        Args:
+            secret: the per-run HMAC key.
+            max_message_bytes: larger messages (all frames together) are rejected as ``oversized``.
+            expected: the message kinds accepted; others are rejected as ``wrong_type``.
+            replay_window: how many accepted messages' signatures are remembered; a valid message whose
+                signature is among them is rejected as ``replayed``. Bounded, so memory stays constant
+                however long the run (32-byte signatures, about 130 bytes each with the set and queue).
+        """
         check_secret(secret)
+        if replay_window < 1:
+            raise ValueError(f"replay_window must be >= 1, got {replay_window}")
         self._secret = secret
         self.max_message_bytes = max_message_bytes
         self._expected = expected
         self._stats = ReceiverStats()
+        self.replay_window = replay_window
+        self._seen: set[bytes] = set()
+        self._seen_order: deque[bytes] = deque()
 
     @property
     def stats(self) -> ReceiverStats:
@@ -193,6 +215,16 @@ class MessageReceiver(_Endpoint):
         except CodecError as exc:
             self._stats.rejected[exc.reason] += 1
             return None
+        # The signature is an HMAC of every other frame, so equal signatures mean the same message, and
+        # only messages that passed verification are remembered (nobody can fill the window without the key).
+        signature = bytes(memoryview(frames[0]))  # type: ignore[arg-type]
+        if signature in self._seen:
+            self._stats.rejected["replayed"] += 1
+            return None
+        self._seen.add(signature)
+        self._seen_order.append(signature)
+        if len(self._seen_order) > self.replay_window:
+            self._seen.discard(self._seen_order.popleft())
         self._stats.received += 1
         self._stats.bytes += sum(memoryview(f).nbytes for f in frames)  # type: ignore[arg-type]
         return msg

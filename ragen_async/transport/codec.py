@@ -67,12 +67,18 @@ Message: TypeAlias = TrajectoryGroup | BatchShard
 Frame: TypeAlias = bytes | bytearray | memoryview
 """Anything exposing the buffer protocol works on input; :func:`encode` produces bytes and memoryviews."""
 
-RejectReason = Literal["bad_signature", "unknown_version", "malformed", "truncated", "oversized", "wrong_type"]
+RejectReason = Literal[
+    "bad_signature", "unknown_version", "malformed", "truncated", "oversized", "wrong_type", "replayed"
+]
 REJECT_REASONS: tuple[RejectReason, ...] = get_args(RejectReason)
 
 
 class CodecError(ValueError):
-    """A message that cannot be encoded or must not be accepted; ``reason`` is one of :data:`REJECT_REASONS`."""
+    """A message that cannot be encoded or must not be accepted; ``reason`` is one of :data:`REJECT_REASONS`.
+
+    :func:`decode` never raises ``replayed``: a valid message seen a second time is refused by the
+    receiver (``MessageReceiver``), which remembers the signatures it has accepted.
+    """
 
     def __init__(self, reason: RejectReason, detail: str = "") -> None:
         if reason not in REJECT_REASONS:

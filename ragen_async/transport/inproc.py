@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from ragen_async.transport.base import (
     DEFAULT_HWM,
+    DEFAULT_REPLAY_WINDOW,
     DEFAULT_SEND_TIMEOUT_S,
     MessageReceiver,
     MessageSender,
@@ -46,10 +47,11 @@ class InprocReceiver(MessageReceiver):
         maxsize: int = DEFAULT_HWM,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         expected: type | tuple[type, ...] | None = None,
+        replay_window: int = DEFAULT_REPLAY_WINDOW,
     ) -> None:
         if maxsize < 1:
             raise ValueError(f"maxsize must be >= 1 (a bounded queue), got {maxsize}")
-        super().__init__(secret, max_message_bytes, expected)
+        super().__init__(secret, max_message_bytes, expected, replay_window)
         self.address = address or f"inproc://{uuid.uuid4().hex}"
         self._queue: queue.Queue[_RawMessage] = queue.Queue(maxsize)
         with _registry_lock:

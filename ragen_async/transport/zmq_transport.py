@@ -34,6 +34,7 @@ import zmq
 
 from ragen_async.transport.base import (
     DEFAULT_HWM,
+    DEFAULT_REPLAY_WINDOW,
     DEFAULT_SEND_TIMEOUT_S,
     MessageReceiver,
     MessageSender,
@@ -105,9 +106,10 @@ class ZmqReceiver(MessageReceiver):
         hwm: int = DEFAULT_HWM,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         expected: type | tuple[type, ...] | None = None,
+        replay_window: int = DEFAULT_REPLAY_WINDOW,
         context: zmq.Context | None = None,
     ) -> None:
-        super().__init__(secret, max_message_bytes, expected)
+        super().__init__(secret, max_message_bytes, expected, replay_window)
         self._sock = (context or zmq.Context.instance()).socket(zmq.PULL)
         self._sock.setsockopt(zmq.RCVHWM, hwm)
         self._sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)

@@ -244,6 +244,7 @@ def test_codec_error_reasons_are_a_fixed_set():
         "truncated",
         "oversized",
         "wrong_type",
+        "replayed",
     }
     with pytest.raises(ValueError):
         CodecError("because")  # type: ignore[arg-type]
