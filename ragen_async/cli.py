@@ -196,11 +196,16 @@ def bench_pipeline_cmd(
     rows, table = bench_pipeline(config, overrides or [], ks, steps, warmup, modes)
     text = (f"machine: {machine_description()}\ncommand: `{cmd} --steps {steps} --warmup {warmup}`\n"
             f"pinned = rollout actors+engines and learner ranks on disjoint CPU sets; unpinned = shared.\n\n{table}\n")
+    _print_bench("Pipeline benchmark", text, out)
+
+
+def _print_bench(title: str, text: str, out: Path | None) -> None:
+    """Print a benchmark's text and (``out``) append it to a markdown file under a dated heading."""
     print(text)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("a") as f:
-            f.write(f"\n## Pipeline benchmark ({time.strftime('%Y-%m-%d %H:%M')})\n\n{text}")
+            f.write(f"\n## {title} ({time.strftime('%Y-%m-%d %H:%M')})\n\n{text}")
 
 
 @bench_app.command("step")
@@ -221,11 +226,7 @@ def bench_step_cmd(
     profile = profile_steps(cfg, steps, warmup)
     text = (f"machine: {machine_description()}\ncommand: `{cmd} --steps {steps} --warmup {warmup}`\n"
             f"median over {profile.steps} steps after {warmup} warm-up steps\n\n{format_profile(profile)}\n")
-    print(text)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("a") as f:
-            f.write(f"\n## Step profile ({time.strftime('%Y-%m-%d %H:%M')})\n\n{text}")
+    _print_bench("Step profile", text, out)
 
 
 @app.command()

@@ -11,7 +11,6 @@ producers that always have a finished group ready, with staleness unbounded (adm
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,7 +21,7 @@ from ragen_async.metrics import MemorySink
 from ragen_async.orchestrator import Trainer
 from ragen_async.protocol import NO_VERSION, Trajectory, TrajectoryGroup
 from ragen_async.rundir import RunDir
-from ragen_async.runtime import LocalAdmission, Runtime
+from tests.test_loop import SimRuntime
 
 B = 4
 
@@ -40,16 +39,13 @@ def tiny_group(index: int, version: int) -> TrajectoryGroup:
     return TrajectoryGroup(f"g{index:08d}", index, "sim", index, tuple(trajs))
 
 
-class FloodRuntime(Runtime):
-    """Infinitely fast producers: every receive returns a newly finished group at once."""
+class FloodRuntime(SimRuntime):
+    """Infinitely fast producers: every receive returns a newly finished group at once (the rest of the
+    runtime is the loop test's simulation)."""
 
     def __init__(self, k: int | None):
-        self.admission = LocalAdmission(k, B)
-        self.served = 0
+        super().__init__(k, B, producers=1, seed=0)
         self.receives = 0
-
-    async def start(self) -> None:
-        pass
 
     async def receive(self, timeout_s: float) -> TrajectoryGroup | None:
         self.receives += 1
@@ -58,31 +54,6 @@ class FloodRuntime(Runtime):
 
     async def train(self, shards):
         return TrainResult(shards[0].learner_version + 1, {"learner/num_tokens": 1.0})
-
-    async def publish(self, version: int) -> None:
-        self.served = version
-
-    async def probe(self, token_ids):
-        raise AssertionError("not used")
-
-    async def validate(self):
-        return {}
-
-    async def rollout_stats(self):
-        return [{"busy_s": 0.0, "admission_wait_s": 0.0, "policy_version": float(self.served)}]
-
-    async def save(self, path: Path, step: int) -> None:
-        path.mkdir(parents=True, exist_ok=True)
-
-    async def load(self, path: Path) -> int:
-        raise AssertionError("not used")
-
-    @property
-    def vocab_size(self) -> int:
-        return 16
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.mark.parametrize("k", [None, 1])

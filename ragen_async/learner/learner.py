@@ -26,7 +26,6 @@ import math
 import random
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -284,7 +283,7 @@ class Learner:
                         fill_old: bool = False):
         """One optimizer step on mini-batch ``mini``; with ``fill_old``, ``old_logprobs`` is written here
         from this step's own (pre-update) forward instead of read."""
-        a, lc = self.algo_cfg, self.cfg.learner
+        a = self.algo_cfg
         mb_all = batch.select(mini)
         idx = torch.arange(batch.size)[mini]
         local_tokens = float(mb_all.loss_mask.sum())
@@ -396,7 +395,11 @@ class Learner:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         if write_weights:
+            from transformers import AutoTokenizer
+
             self.actor.save_pretrained(path / "actor")
+            # With its tokenizer, a checkpoint's actor is a model directory (model.path=.../actor).
+            AutoTokenizer.from_pretrained(self.cfg.model.path).save_pretrained(path / "actor")
         state = {
             "policy_version": self.policy_version,
             "skipped_steps": self.skipped_steps,

@@ -242,7 +242,7 @@ def arm_probabilities(model_dir: Path | str, tag: str = "Bandit", seeds: range =
         seq_p = torch.stack([token_logp[row, len(context) - 1:len(context) - 1 + len(reply)].sum()
                              for row, (_, reply) in enumerate(replies)]).exp()
         total = float(seq_p.sum())
-        shares.append({arm: float(sum(p for (a, _), p in zip(replies, seq_p.tolist()) if a == arm)) / total
+        shares.append({arm: float(sum(p for (a, _), p in zip(replies, seq_p.tolist(), strict=True) if a == arm)) / total
                        for arm in arms})
         masses.append(total)
     mean = {arm: sum(s[arm] for s in shares) / len(shares) for arm in arms}

@@ -95,6 +95,8 @@ def test_checkpoint_resume_reproduces_the_next_step(tiny_model_path, tmp_path):
         assert got[key] == pytest.approx(expected[key], rel=1e-6, abs=1e-7), key
     for pa, pb in zip(a.actor.parameters(), b.actor.parameters(), strict=True):
         torch.testing.assert_close(pa, pb, rtol=0, atol=1e-6)
+    # The saved actor is a complete model directory: evaluating a checkpoint needs nothing else.
+    ChatFormat.from_pretrained(tmp_path / "ckpt" / "actor")
 
 
 def _ddp_rank(rank, world, port, model_path, shard, out):
