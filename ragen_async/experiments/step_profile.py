@@ -117,7 +117,7 @@ PHASES = (
 def profile_steps(cfg: RunConfig, steps: int, warmup: int) -> StepProfile:
     """Train ``cfg`` (runtime local) for ``warmup + steps`` steps; profile the last ``steps``."""
     from ragen_async.metrics import MetricsSink
-    from ragen_async.orchestrator import run_trainer
+    from ragen_async.orchestrator import Trainer
     from ragen_async.rollout.engines import make_engine
     from ragen_async.rundir import RunDir
     from ragen_async.runtime import LocalRuntime
@@ -145,16 +145,21 @@ def profile_steps(cfg: RunConfig, steps: int, warmup: int) -> StepProfile:
                 records.append(dict(record))
                 rollout_tokens += int(record.get("rollout/generated_tokens", 0))
 
-    run_dir = RunDir.create(cfg)
     engine.recording = warmup == 0
     runtime = LocalRuntime(cfg, engine=engine)
-    runtime.close = lambda: None  # the engine is still needed for the replay below
-    run_trainer(cfg, run_dir, Sink(), runtime)
-    engine.recording = False
+    trainer = Trainer(cfg, RunDir.create(cfg), Sink(), runtime)
+
+    async def main() -> tuple[int, float]:
+        await trainer.run()
+        engine.recording = False
+        # In the same event loop: the vLLM engine's output handler lives in it.
+        return await replay(engine.inner, engine.calls)
+
     try:
-        raw_tokens, raw_s = asyncio.run(replay(engine.inner, engine.calls))
+        raw_tokens, raw_s = asyncio.run(main())
     finally:
-        engine.shutdown()
+        trainer.close()
+        runtime.close()
     rollout_s = sum(r["timing/wait_batch_s"] for r in records)
     return StepProfile(
         steps=len(records),
