@@ -124,6 +124,11 @@ class LearnerConfig(_Strict):
     micro_batch_tokens: int | None = Field(None, ge=1)
     """Also cap a micro-batch at this many padded tokens (rows x longest row), rows packed longest
     first so similar lengths share a micro-batch (less padding); ``None`` = rows only."""
+    logits_chunk_tokens: int | None = Field(512, ge=1)
+    """Trained positions whose fp32 vocabulary logits exist at once (log-probs and entropy are
+    computed chunk by chunk, backward recomputes each chunk); ``None`` = all of a micro-batch at once.
+    With a 151,936-token vocabulary, 512 positions are 0.3 GB of fp32 logits; a chunk's backward holds
+    about ten such tensors (measured on CPU: tests/algo/test_algo_head_chunks.py)."""
     epochs: int = Field(1, ge=1)
     num_ranks: int = Field(1, ge=1)
     """Learner processes in the torch.distributed group (``runtime: ray``)."""

@@ -17,17 +17,20 @@ over this call's tokens (combine them weighted by token count).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from ragen_async.algo.aggregation import aggregate_loss
 from ragen_async.algo.masked import masked_mean
 
 __all__ = [
     "entropy_from_logits",
+    "head_logprobs_entropy",
     "logprobs_from_logits",
     "KLType",
     "KL_TYPES",
@@ -81,6 +84,64 @@ def logprobs_from_logits(logits: Tensor, token_ids: Tensor) -> Tensor:
     """
     picked = torch.gather(logits, -1, token_ids.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
+
+
+def _head_chunk(head: Callable[[Tensor], Tensor], hidden: Tensor, targets: Tensor, temperature: float,
+                with_entropy: bool) -> tuple[Tensor, ...]:
+    logits = head(hidden).float() / temperature
+    logprobs = logprobs_from_logits(logits[None], targets[None])[0]
+    return (logprobs, entropy_from_logits(logits[None])[0]) if with_entropy else (logprobs,)
+
+
+def head_logprobs_entropy(
+    head: Callable[[Tensor], Tensor],
+    hidden: Tensor,
+    targets: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int | None = None,
+    with_entropy: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs of ``targets`` (and entropies) under ``head(hidden) / temperature`` in fp32, computed
+    ``chunk_tokens`` positions at a time so the fp32 logits of all positions never exist at once.
+
+    With a 151,936-token vocabulary the fp32 logits are 0.6 MB per position, and the softmax, logsumexp
+    and their gradients each need a tensor of that size again, so one micro-batch of a few thousand
+    trained tokens would hold gigabytes. Per chunk, the logits are computed, reduced to two numbers per
+    position and dropped. With gradient, each chunk runs under (non-reentrant) activation
+    checkpointing: backward keeps only the chunk's ``hidden`` rows and recomputes its logits, so peak
+    memory is one chunk's logits and their gradient, whatever the number of positions. The values are
+    those of the unchunked computation (the same operations on row blocks); the price with gradient is
+    one more head matmul per chunk in backward.
+
+    Args:
+        head: [N, H] -> [N, V] (the LM's output embedding).
+        hidden: [N, H] final hidden states of the scored positions.
+        targets: [N] int64 token ids.
+        temperature: logits are divided by it (the sampling temperature).
+        chunk_tokens: positions per chunk; None: all at once.
+        with_entropy: also return the entropies (else None).
+
+    Returns:
+        ``(logprobs [N], entropy [N] or None)`` in fp32.
+    """
+    n = hidden.shape[0]
+    step = n if chunk_tokens is None else chunk_tokens
+    use_checkpoint = torch.is_grad_enabled() and n > step
+    parts = []
+    for start in range(0, n, max(step, 1)):
+        h, t = hidden[start:start + step], targets[start:start + step]
+        if use_checkpoint:
+            parts.append(checkpoint(_head_chunk, head, h, t, temperature, with_entropy, use_reentrant=False))
+        else:
+            parts.append(_head_chunk(head, h, t, temperature, with_entropy))
+    if len(parts) == 1:
+        out = parts[0]
+    elif parts:
+        out = tuple(torch.cat(p) for p in zip(*parts, strict=True))
+    else:  # no positions: empty results (through the head, so the graph still reaches its weights)
+        out = _head_chunk(head, hidden, targets, temperature, with_entropy)
+    return out[0], (out[1] if with_entropy else None)
 
 
 def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, kind: str) -> Tensor:

@@ -146,9 +146,10 @@ class LearnerActor:
         return int(self.learner.actor.config.vocab_size)
 
     def save_checkpoint(self, path: str, step: int) -> None:
-        """Every rank writes its own state; rank 0 also writes the actor weights and the fixed-lag ring
-        (the older versions it still has to publish), so a fixed-lag run resumes exactly."""
-        self.learner.save_checkpoint(Path(path), extra={"step": step}, write_weights=self.rank == 0)
+        """Every rank writes its own state; rank 0 also writes the actor weights (``Learner.save_checkpoint``
+        leaves them to rank 0) and the fixed-lag ring (the older versions it still has to publish), so a
+        fixed-lag run resumes exactly. The driver gathers every rank's call before finalising."""
+        self.learner.save_checkpoint(Path(path), extra={"step": step})
         if self.ring is not None:
             older = {v: self.ring.get(v) for v in self.ring.versions() if v != self.learner.policy_version}
             torch.save(older, Path(path) / "fixed_lag_ring.pt")

@@ -10,10 +10,15 @@ import torch
 
 from ragen_async.protocol import NO_VERSION, BatchShard, Trajectory
 
+_HOST_FIELDS = ("lengths", "trained")
+
 
 @dataclass
 class TokenBatch:
-    """Padded per-token tensors of a list of trajectories (all [B, T] unless noted)."""
+    """Padded per-token tensors of a list of trajectories (all [B, T] unless noted), on the learner's
+    device, plus the host-side layout the learner plans with (numpy, never on the device): row lengths
+    and which tokens are trained. Micro-batching, trimming and the trained-token index need these on the
+    host, and reading them back from the device would cost a synchronisation per micro-batch."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -25,24 +30,46 @@ class TokenBatch:
     """[B] raw trajectory scores."""
     normalized_scores: torch.Tensor
     """[B] group-normalised scores."""
+    lengths: np.ndarray
+    """host [B] int64: tokens per row (the row sums of ``attention_mask``)."""
+    trained: np.ndarray
+    """host [B, T] bool: ``loss_mask > 0``."""
 
     @property
     def size(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def select(self, index: torch.Tensor | slice) -> TokenBatch:
-        return TokenBatch(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+    @property
+    def device(self) -> torch.device:
+        return self.input_ids.device
+
+    @property
+    def num_trained(self) -> int:
+        """Trained tokens (the loss mask's sum), counted on the host."""
+        return int(self.trained.sum())
+
+    def select(self, index: slice | list[int] | np.ndarray | torch.Tensor) -> TokenBatch:
+        """Rows ``index``: a slice or host row indices (a list, a numpy array or a CPU tensor)."""
+        if isinstance(index, slice):
+            host, dev = index, index
+        else:
+            host = np.asarray(index.numpy() if isinstance(index, torch.Tensor) else index, dtype=np.int64)
+            dev = torch.as_tensor(host, device=self.device)
+        return TokenBatch(**{f.name: getattr(self, f.name)[host if f.name in _HOST_FIELDS else dev]
+                             for f in fields(self)})
 
     def trimmed(self) -> TokenBatch:
         """Drop padding columns beyond the longest row (micro-batches are often shorter)."""
-        length = int(self.attention_mask.sum(1).max().item()) if self.size else 0
+        length = int(self.lengths.max()) if self.size else 0
         return TokenBatch(**{
-            f.name: (v[:, :length] if v.dim() == 2 else v) for f in fields(self) for v in [getattr(self, f.name)]
+            f.name: (v[:, :length] if v.ndim == 2 else v) for f in fields(self) for v in [getattr(self, f.name)]
         })
 
 
 def collate(trajectories: tuple[Trajectory, ...] | list[Trajectory], scores: np.ndarray,
-            normalized_scores: np.ndarray, pad_id: int = 0) -> TokenBatch:
+            normalized_scores: np.ndarray, pad_id: int = 0, device: torch.device | str = "cpu") -> TokenBatch:
+    """Pad on the host, then move every tensor to ``device`` once: from here on the learner's tensors
+    all live there (a CPU tensor mixed into a GPU step is a device error, or a hidden copy)."""
     n = len(trajectories)
     length = max((t.num_tokens for t in trajectories), default=0)
     input_ids = np.full((n, length), pad_id, dtype=np.int64)
@@ -57,19 +84,25 @@ def collate(trajectories: tuple[Trajectory, ...] | list[Trajectory], scores: np.
         loss_mask[i, :k] = t.loss_mask
         behaviour[i, :k] = t.behaviour_logprobs
         versions[i, :k] = t.token_versions
+
+    def dev(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a).to(device)
+
     return TokenBatch(
-        input_ids=torch.from_numpy(input_ids),
-        attention_mask=torch.from_numpy(attention),
-        loss_mask=torch.from_numpy(loss_mask),
-        behaviour_logprobs=torch.from_numpy(behaviour),
-        token_versions=torch.from_numpy(versions),
-        scores=torch.as_tensor(np.asarray(scores, dtype=np.float32)),
-        normalized_scores=torch.as_tensor(np.asarray(normalized_scores, dtype=np.float32)),
+        input_ids=dev(input_ids),
+        attention_mask=dev(attention),
+        loss_mask=dev(loss_mask),
+        behaviour_logprobs=dev(behaviour),
+        token_versions=dev(versions),
+        scores=dev(np.asarray(scores, dtype=np.float32)),
+        normalized_scores=dev(np.asarray(normalized_scores, dtype=np.float32)),
+        lengths=np.array([t.num_tokens for t in trajectories], dtype=np.int64),
+        trained=loss_mask > 0,
     )
 
 
-def collate_shard(shard: BatchShard, pad_id: int = 0) -> TokenBatch:
-    return collate(shard.trajectories, shard.scores, shard.normalized_scores, pad_id)
+def collate_shard(shard: BatchShard, pad_id: int = 0, device: torch.device | str = "cpu") -> TokenBatch:
+    return collate(shard.trajectories, shard.scores, shard.normalized_scores, pad_id, device)
 
 
 def split_even(n: int, parts: int) -> list[slice]:

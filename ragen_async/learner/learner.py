@@ -97,19 +97,26 @@ def load_critic(path: str, dtype: str) -> nn.Module:
 
 class TokenLogits(nn.Module):
     """A causal LM that computes logits only where asked: the body runs on the whole batch, the
-    vocabulary head only on the positions in ``flat_index`` (row-major over [B, T]). Sampled tokens are
-    a small share of a multi-turn episode (about 10 % on Sokoban), and at paper scale the full
-    [B, T, vocabulary] logits are the largest tensor of the step. Wrapped by DDP/FSDP as a whole, so
-    gradient synchronisation sees one forward."""
+    vocabulary head only on the positions in ``flat_index`` (row-major over [B, T]), and there
+    ``chunk_tokens`` positions at a time (:func:`algo.head_logprobs_entropy`), reduced at once to the
+    log-prob of the target token and the entropy. Sampled tokens are a small share of a multi-turn
+    episode (about 10 % on Sokoban), and at paper scale the [positions, vocabulary] fp32 logits are the
+    largest tensors of the step. Wrapped by DDP/FSDP as a whole, so gradient synchronisation sees one
+    forward."""
 
     def __init__(self, lm: nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, input_ids: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, flat_index: torch.Tensor, targets: torch.Tensor, *,
+                temperature: float = 1.0, chunk_tokens: int | None = None,
+                with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(logprobs [N], entropy [N] or None)`` of ``targets`` at the positions ``flat_index``."""
         # Right padding under causal attention needs no attention mask: no real token sees a pad.
         hidden = self.lm.base_model(input_ids=input_ids).last_hidden_state
-        return self.lm.get_output_embeddings()(hidden.flatten(0, 1)[flat_index])
+        return algo.head_logprobs_entropy(self.lm.get_output_embeddings(), hidden.flatten(0, 1)[flat_index], targets,
+                                          temperature=temperature, chunk_tokens=chunk_tokens,
+                                          with_entropy=with_entropy)
 
 
 def _shifted(values_for_next_token: torch.Tensor) -> torch.Tensor:
@@ -168,30 +175,29 @@ class Learner:
     def _policy_forward(self, model: nn.Module, mb: TokenBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """[B, T] log-probs (and entropies) of the trained tokens (loss mask 1); 0 elsewhere. ``model``
         is a :class:`TokenLogits` (or its DDP/FSDP wrapper)."""
-        ids = mb.input_ids.to(self.device)
+        ids = mb.input_ids
         B, T = ids.shape
-        # Token t (t >= 1) is scored at position t - 1, i.e. flat index b*T + t - 1.
-        trained = mb.loss_mask.to(self.device) > 0
+        # Token t (t >= 1) is scored at position t - 1, i.e. flat index b*T + t - 1. Planned on the
+        # host (mb.trained), so the device never has to report how many tokens are trained.
+        trained = mb.trained.copy()
         trained[:, 0] = False
-        token_index = trained.flatten().nonzero().squeeze(1)
-        logits = model(ids, token_index - 1).float() / self.temperature
-        targets = ids.flatten()[token_index]
-        logprobs = algo.logprobs_from_logits(logits[None], targets[None])[0]
+        token_index = torch.as_tensor(np.flatnonzero(trained), device=self.device)
+        logprobs, entropy = model(ids, token_index - 1, ids.flatten()[token_index], temperature=self.temperature,
+                                  chunk_tokens=self.cfg.learner.logits_chunk_tokens, with_entropy=with_entropy)
         logprobs = logprobs.new_zeros(B * T).index_copy(0, token_index, logprobs).view(B, T)
-        if not with_entropy:
+        if entropy is None:
             return logprobs, None
-        entropy = algo.entropy_from_logits(logits[None])[0]
         return logprobs, entropy.new_zeros(B * T).index_copy(0, token_index, entropy).view(B, T)
 
     def _value_forward(self, model: nn.Module, mb: TokenBatch) -> torch.Tensor:
         # Right padding under causal attention needs no attention mask (see TokenLogits).
-        return _shifted(model(input_ids=mb.input_ids.to(self.device)).logits.float().squeeze(-1))
+        return _shifted(model(input_ids=mb.input_ids).logits.float().squeeze(-1))
 
-    def _micro_rows(self, batch: TokenBatch) -> list[torch.Tensor]:
-        """Row indices of each micro-batch (``micro_batch_size`` rows, ``micro_batch_tokens`` padded tokens)."""
+    def _micro_rows(self, batch: TokenBatch) -> list[np.ndarray]:
+        """Row indices (host) of each micro-batch (``micro_batch_size`` rows, ``micro_batch_tokens`` padded tokens)."""
         lc = self.cfg.learner
-        lengths = batch.attention_mask.sum(1).long().tolist()
-        return [torch.tensor(rows) for rows in pack_rows(lengths, lc.micro_batch_size, lc.micro_batch_tokens)]
+        return [np.array(rows, dtype=np.int64)
+                for rows in pack_rows(batch.lengths.tolist(), lc.micro_batch_size, lc.micro_batch_tokens)]
 
     @torch.no_grad()
     def _recompute(self, batch: TokenBatch, logprobs: bool = True) -> dict[str, torch.Tensor]:
@@ -209,15 +215,30 @@ class Learner:
             if self.ref is not None:
                 out["ref_logprobs"].append(torch.nn.functional.pad(self._policy_forward(TokenLogits(self.ref), mb, False)[0], pad))
         # Back to the batch's row order.
-        inverse = torch.argsort(torch.cat(groups)) if groups else torch.zeros(0, dtype=torch.long)
-        return {k: torch.cat(v)[inverse] for k, v in out.items()}
+        inverse = np.argsort(np.concatenate(groups)) if groups else np.zeros(0, dtype=np.int64)
+        inverse_t = torch.as_tensor(inverse, device=self.device)
+        return {k: torch.cat(v)[inverse_t] for k, v in out.items()}
 
-    # ------------------------------------------------------------------ collectives
+    # ------------------------------------------------------------------ collectives and host reads
     def _all_reduce_sum(self, *values: torch.Tensor | float) -> list[torch.Tensor]:
-        t = torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in values])
+        """Float64 sums over ranks, as tensors on the learner's device (NCCL only reduces device tensors)."""
+        t = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=self.device) for v in values])
         if self.distributed:
             dist.all_reduce(t)
         return list(t.unbind())
+
+    def _fetch(self, values: torch.Tensor) -> list[float]:
+        """The one device-to-host read: every value the learner brings back from the device (the
+        finite-gradient check, the metrics, probe log-probs) goes through here, so nothing else
+        synchronises with the device (and a test can run the step on a data-less device)."""
+        return values.detach().double().flatten().tolist()
+
+    def _to_host(self, values: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Scalar device tensors -> floats, in one transfer."""
+        if not values:
+            return {}
+        host = self._fetch(torch.stack([v.detach().double().reshape(()) for v in values.values()]))
+        return dict(zip(values, host, strict=True))
 
     # ------------------------------------------------------------------ advantages
     def _advantages(self, batch: TokenBatch, old_values: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -239,7 +260,7 @@ class Learner:
         """One learner step on this rank's shard: the new version and this rank's metrics (plain floats)."""
         lc = self.cfg.learner
         t0 = time.perf_counter()
-        batch = collate_shard(shard, self.pad_id)
+        batch = collate_shard(shard, self.pad_id, self.device)
         self.actor.train()
         # Every rank derives the mini-batch count from global numbers so all ranks step together.
         n_mini = max(1, round(shard.batch_num_seqs / lc.mini_batch_size))
@@ -254,12 +275,16 @@ class Learner:
         old_values = recomputed.get("old_values")
         advantages, returns = self._advantages(batch, old_values)
 
-        metrics: dict[str, float] = {}
-        if old_values is not None and returns is not None and float(algo.masked_var(returns, batch.loss_mask)) > 1e-8:
-            # Over the whole shard (verl: pre-update values); undefined when every return is the same.
-            metrics["critic/vf_explained_var"] = float(algo.explained_variance(old_values, returns, batch.loss_mask))
+        # Metrics stay device tensors (float64 where they are sums) until one _to_host at the end.
+        on_device: dict[str, torch.Tensor] = {}
+        if old_values is not None and returns is not None:
+            # Over the whole shard (verl: pre-update values); undefined (NaN, dropped) when every
+            # return is the same.
+            explained = algo.explained_variance(old_values, returns, batch.loss_mask)
+            on_device["critic/vf_explained_var"] = torch.where(
+                algo.masked_var(returns, batch.loss_mask) > 1e-8, explained, torch.full_like(explained, math.nan))
 
-        sums: dict[str, float] = defaultdict(float)
+        sums: dict[str, torch.Tensor | float] = defaultdict(float)
         n_steps = 0
         t3 = time.perf_counter()
         for _epoch in range(lc.epochs):
@@ -269,13 +294,23 @@ class Learner:
                 for k, v in step_metrics.items():
                     sums[k] += v
                 n_steps += 1
+        t4 = time.perf_counter()
+        num_buckets = 9
+        on_device.update(self._mismatch_metrics(batch, old_logprobs, shard.learner_version, num_buckets))
+        averaged = {k: v / n_steps for k, v in sums.items()}
+        on_device.update({k: v for k, v in averaged.items() if isinstance(v, torch.Tensor)})
+        metrics = self._to_host(on_device)
+        metrics.update({k: v for k, v in averaged.items() if not isinstance(v, torch.Tensor)})
+        if math.isnan(metrics.get("critic/vf_explained_var", 0.0)):
+            del metrics["critic/vf_explained_var"]
+        for s in range(num_buckets):  # only the staleness buckets that hold tokens
+            if not metrics.pop(f"mismatch/tokens_staleness_{s}") > 0:
+                del metrics[f"mismatch/k3_kl_staleness_{s}"]
         metrics.update({"timing/learner_collate_s": t1 - t0, "timing/learner_recompute_s": t2 - t1,
-                        "timing/learner_advantages_s": t3 - t2, "timing/learner_update_s": time.perf_counter() - t3})
-        metrics.update(self._mismatch_metrics(batch, old_logprobs, shard.learner_version))
-        metrics.update({k: v / n_steps for k, v in sums.items()})
+                        "timing/learner_advantages_s": t3 - t2, "timing/learner_update_s": t4 - t3})
         metrics["actor/skipped_steps"] = float(self.skipped_steps)
         metrics["learner/optimizer_steps"] = float(n_steps)
-        metrics["learner/num_tokens"] = float(batch.loss_mask.sum())
+        metrics["learner/num_tokens"] = float(batch.num_trained)
         self.policy_version += 1
         return TrainResult(self.policy_version, metrics)
 
@@ -285,8 +320,8 @@ class Learner:
         from this step's own (pre-update) forward instead of read."""
         a = self.algo_cfg
         mb_all = batch.select(mini)
-        idx = torch.arange(batch.size)[mini]
-        local_tokens = float(mb_all.loss_mask.sum())
+        idx = np.arange(batch.size)[mini]
+        local_tokens = float(mb_all.num_trained)
         global_tokens, global_seqs = self._all_reduce_sum(local_tokens, float(mb_all.size))
         # DDP averages gradients over ranks; scaling by world_size turns that average into the sum
         # of per-rank contributions, each already normalised by the global count.
@@ -295,17 +330,19 @@ class Learner:
         self.actor_opt.zero_grad(set_to_none=True)
         if self.critic_opt is not None:
             self.critic_opt.zero_grad(set_to_none=True)
-        sums: dict[str, float] = defaultdict(float)
-        groups = self._micro_rows(mb_all) or [torch.zeros(0, dtype=torch.long)]
+        # Per-micro-batch metrics are accumulated on the device in float64 (what Python floats did).
+        sums: dict[str, torch.Tensor | float] = defaultdict(float)
+        groups = self._micro_rows(mb_all) or [np.zeros(0, dtype=np.int64)]
         for i, local_rows in enumerate(groups):
             last = i == len(groups) - 1
-            rows = idx[local_rows]
-            empty = rows.numel() == 0
+            host_rows = idx[local_rows]
+            empty = host_rows.size == 0
             if empty:
                 # This rank has no rows in this mini-batch but DDP needs every rank to run backward:
                 # run one row with zero weight.
-                rows = idx[:1] if idx.numel() else torch.arange(1)
-            mb = batch.select(rows).trimmed()
+                host_rows = idx[:1] if idx.size else np.arange(1)
+            mb = batch.select(host_rows).trimmed()
+            rows = torch.as_tensor(host_rows, device=self.device)
             T = mb.input_ids.shape[1]
             zero = 0.0 if empty else 1.0
             with self._no_sync(self.actor_ddp, last):
@@ -322,10 +359,10 @@ class Learner:
                     is_cap=a.is_cap, entropy_coef=a.entropy_coef, kl_coef=a.kl_coef, kl_type=a.kl_type,
                     num_tokens=global_tokens, num_seqs=global_seqs)
                 (loss * scale).backward()
-            w = float(mb.loss_mask.sum()) * zero
+            w = float(mb.num_trained) * zero
             for k, v in m.items():
                 key = f"actor/{k}"
-                sums[key] += float(v) * (zero if key in ADDITIVE_METRICS else w)
+                sums[key] += v.detach().double() * (zero if key in ADDITIVE_METRICS else w)
             if self.critic_ddp is not None:
                 with self._no_sync(self.critic_ddp, last):
                     values = self._value_forward(self.critic_ddp, mb)
@@ -335,7 +372,7 @@ class Learner:
                     (vloss * scale).backward()
                 for k, v in vm.items():
                     key = f"critic/{k}"
-                    sums[key] += float(v) * (zero if key in ADDITIVE_METRICS else w)
+                    sums[key] += v.detach().double() * (zero if key in ADDITIVE_METRICS else w)
         # Additive metrics are already this rank's share of the mini-batch value; the others are
         # token-weighted means over micro-batches.
         local_w = max(local_tokens, 1e-9)
@@ -346,7 +383,8 @@ class Learner:
         return metrics
 
     def _clip_and_step(self, model: nn.Module, opt: torch.optim.Optimizer, count_skips: bool) -> float:
-        norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.learner.grad_clip))
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.learner.grad_clip)
+        norm = self._to_host({"grad_norm": norm})["grad_norm"]  # the step depends on it: one read per step
         if math.isfinite(norm):
             opt.step()
         else:
@@ -363,26 +401,31 @@ class Learner:
             return model.no_sync()
         return contextlib.nullcontext()
 
-    def _mismatch_metrics(self, batch: TokenBatch, old_logprobs: torch.Tensor, learner_version: int) -> dict[str, float]:
-        """Behaviour (engine) vs learner k3 KL overall and bucketed by token staleness."""
+    @staticmethod
+    def _mismatch_metrics(batch: TokenBatch, old_logprobs: torch.Tensor, learner_version: int,
+                          num_buckets: int = 9) -> dict[str, torch.Tensor]:
+        """Behaviour (engine) vs learner k3 KL overall and bucketed by token staleness (device
+        tensors; ``mismatch/tokens_staleness_{s}`` is each bucket's token count)."""
         mask = batch.loss_mask
         k3 = algo.kl_estimate(batch.behaviour_logprobs, old_logprobs, "k3")
         staleness = (learner_version - batch.token_versions).clamp(min=0)
-        num_buckets = 9
         means, counts = algo.masked_mean_by_bucket(k3, mask, staleness.clamp(max=num_buckets - 1), num_buckets)
-        out = {"mismatch/k3_kl": float(algo.masked_mean(k3, mask))}
+        out = {"mismatch/k3_kl": algo.masked_mean(k3, mask)}
         for s in range(num_buckets):
-            if float(counts[s]) > 0:
-                out[f"mismatch/k3_kl_staleness_{s}"] = float(means[s])
+            out[f"mismatch/k3_kl_staleness_{s}"] = means[s]
+            out[f"mismatch/tokens_staleness_{s}"] = counts[s]
         return out
 
     @torch.no_grad()
     def probe_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
         """Log-prob of each token of a fixed sequence given its prefix (position 0 gets 0.0): the
-        learner's side of the engine/learner agreement check."""
+        learner's side of the engine/learner agreement check. Through :class:`TokenLogits`, so a long
+        sequence's logits are computed in chunks as in training."""
         ids = torch.tensor([token_ids], device=self.device)
-        logits = self.actor(input_ids=ids).logits.float() / temperature
-        return [0.0] + algo.logprobs_from_logits(logits[:, :-1], ids[:, 1:])[0].tolist()
+        positions = torch.arange(ids.shape[1] - 1, device=self.device)
+        logprobs, _ = self.actor_head(ids, positions, ids[0, 1:], temperature=temperature,
+                                      chunk_tokens=self.cfg.learner.logits_chunk_tokens)
+        return [0.0] + self._fetch(logprobs)
 
     # ------------------------------------------------------------------ weights and checkpoints
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
@@ -390,11 +433,14 @@ class Learner:
         return [(name, p.detach()) for name, p in self.actor.named_parameters()]
 
     def save_checkpoint(self, path: Path, extra: dict | None = None, write_weights: bool = True) -> None:
-        """Write ``learner_rank{rank}.pt`` (optimizers, critic, RNG, version) and, with ``write_weights``,
-        the actor in Hugging Face layout (one rank writes it: the ranks hold the same weights)."""
+        """Write ``learner_rank{rank}.pt`` (optimizers, critic, RNG, version) and, on rank 0 with
+        ``write_weights``, the actor in Hugging Face layout with its tokenizer. The ranks hold the same
+        actor weights; if every rank wrote the shared ``actor/`` files into the same directory they
+        would race (a reader, or the checkpoint manifest, could see one rank's half-written file). The
+        caller waits for every rank's save before finalising the checkpoint."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        if write_weights:
+        if write_weights and self.rank == 0:
             from transformers import AutoTokenizer
 
             self.actor.save_pretrained(path / "actor")

@@ -99,12 +99,16 @@ def test_checkpoint_resume_reproduces_the_next_step(tiny_model_path, tmp_path):
     ChatFormat.from_pretrained(tmp_path / "ckpt" / "actor")
 
 
+# One mini-batch; small logits chunks so DDP also sees the chunked, recomputed vocabulary head.
+DDP_OVERRIDES = ("learner.mini_batch_size=16", "learner.logits_chunk_tokens=32")
+
+
 def _ddp_rank(rank, world, port, model_path, shard, out):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    learner = Learner(make_cfg(model_path, "learner.mini_batch_size=16"), rank=rank, world_size=world)
+    learner = Learner(make_cfg(model_path, *DDP_OVERRIDES), rank=rank, world_size=world)
     torch.save(learner.train_step(shard).metrics, out / f"rank{rank}.pt")
     dist.destroy_process_group()
 
@@ -121,7 +125,7 @@ def test_two_ranks_give_the_single_process_gradient(tiny_model_path, tmp_path):
     from ragen_async.learner.actor import free_port
     from ragen_async.learner.learner import merge_rank_metrics
 
-    cfg = make_cfg(tiny_model_path, "learner.mini_batch_size=16")
+    cfg = make_cfg(tiny_model_path, *DDP_OVERRIDES)
     single = Learner(cfg).train_step(make_shard(tiny_model_path, cfg, num_ranks=1)[0]).metrics
     shards = make_shard(tiny_model_path, cfg, num_ranks=2)
     assert {len(s.trajectories) for s in shards} != {0}
@@ -136,6 +140,60 @@ def test_two_ranks_give_the_single_process_gradient(tiny_model_path, tmp_path):
     merged = merge_rank_metrics([torch.load(tmp_path / f"rank{r}.pt") for r in range(2)])
     for key in ("actor/grad_norm", "critic/grad_norm", "actor/pg_loss", "critic/vf_loss", "actor/entropy"):
         assert merged[key] == pytest.approx(single[key], rel=1e-4, abs=1e-6), key
+
+
+def _checkpoint_rank(rank, world, port, model_path, shard, ckpt, out):
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    cfg = make_cfg(model_path, "learner.mini_batch_size=16")
+    learner = Learner(cfg, rank=rank, world_size=world)
+    learner.train_step(shard)
+    written_alone = None
+    if rank == 1:  # rank 1 saves first, alone: it writes its own state and nothing shared
+        learner.save_checkpoint(ckpt, extra={"step": 1})
+        written_alone = sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file())
+    dist.barrier()
+    if rank == 0:
+        learner.save_checkpoint(ckpt, extra={"step": 1})
+    dist.barrier()
+    resumed = Learner(cfg, rank=rank, world_size=world)
+    extra = resumed.load_checkpoint(ckpt)
+    same = all(torch.equal(a, b) for a, b in zip(learner.actor.parameters(), resumed.actor.parameters(), strict=True))
+    same_critic = all(torch.equal(a, b) for a, b in
+                      zip(learner.critic.parameters(), resumed.critic.parameters(), strict=True))
+    torch.save({"written_alone": written_alone, "extra": extra, "version": resumed.policy_version,
+                "same_actor": same, "same_critic": same_critic}, out / f"ckpt_rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_two_ranks_checkpoint_without_racing_on_the_shared_actor_files(tiny_model_path, tmp_path):
+    """Each rank writes its own ``learner_rank{r}.pt``; only rank 0 writes the actor (weights and
+    tokenizer), which every rank shares. Rank 1 saves first, alone, so any shared file it wrote would
+    show; then both ranks resume from the checkpoint."""
+    import torch.multiprocessing as mp
+
+    from ragen_async.learner.actor import free_port
+
+    cfg = make_cfg(tiny_model_path, "learner.mini_batch_size=16")
+    shards = make_shard(tiny_model_path, cfg, num_ranks=2)
+    ckpt = tmp_path / "ckpt"
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_checkpoint_rank, args=(r, 2, port, tiny_model_path, shards[r], ckpt, tmp_path))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+        assert p.exitcode == 0
+    results = [torch.load(tmp_path / f"ckpt_rank{r}.pt") for r in range(2)]
+    assert results[1]["written_alone"] == ["learner_rank1.pt"]
+    files = {str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file()}
+    assert {"learner_rank0.pt", "learner_rank1.pt", "actor/config.json", "actor/model.safetensors"} <= files
+    for r in results:
+        assert r["extra"] == {"step": 1} and r["version"] == 1 and r["same_actor"] and r["same_critic"]
 
 
 def test_pack_rows_caps_rows_and_padded_tokens():
@@ -197,5 +255,5 @@ def test_single_on_policy_update_skips_the_actor_recompute_without_changing_the_
     learner._recompute = lambda b, logprobs=True: calls.append(logprobs) or original(b, logprobs)
     metrics = learner.train_step(shard).metrics
     assert calls == [False]  # the actor's no-grad pass was skipped
-    assert metrics["mismatch/k3_kl"] == pytest.approx(expected["mismatch/k3_kl"], abs=1e-7)
+    assert metrics["mismatch/k3_kl"] == pytest.approx(float(expected["mismatch/k3_kl"]), abs=1e-7)
     assert metrics["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-7)
