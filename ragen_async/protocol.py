@@ -7,7 +7,8 @@ text. Invariants (checked by :meth:`Trajectory.validate`):
 
 * ``token_ids``, ``loss_mask``, ``behaviour_logprobs`` and ``token_versions`` have the same length;
 * ``loss_mask[i] == 1`` exactly where token ``i`` was sampled by the engine;
-* ``behaviour_logprobs[i]`` is the engine's log-prob of a sampled token, 0 elsewhere;
+* ``behaviour_logprobs[i]`` is the engine's log-prob of a sampled token (finite, <= 0), 0 elsewhere;
+* every reward and the format penalty are finite numbers;
 * ``token_versions[i]`` is the policy version that produced a sampled token, -1 elsewhere.
 
 This module is pure data: no ray, zmq, vllm or torch imports (numpy only).
@@ -21,6 +22,8 @@ import numpy as np
 
 NO_VERSION = -1
 """``token_versions`` value of a token that was not sampled (prompt or environment feedback)."""
+_LOGPROB_SLACK = 1e-4
+"""A sampled token's log-prob may exceed 0 by this much (float rounding of a log-softmax), no more."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +118,12 @@ class Trajectory:
             raise ValueError("unsampled tokens must carry NO_VERSION")
         if np.any(self.behaviour_logprobs[~mask] != 0):
             raise ValueError("behaviour_logprobs must be 0 on unsampled tokens")
+        # NaN compares false with everything, so test finiteness first: one NaN would poison a whole batch.
+        if not np.all(np.isfinite(self.behaviour_logprobs)) or np.any(self.behaviour_logprobs > _LOGPROB_SLACK):
+            raise ValueError("behaviour_logprobs must be finite log-probabilities (<= 0)")
+        rewards = [t.reward for t in self.turns] + [self.format_penalty]
+        if not all(np.isfinite(r) for r in rewards):
+            raise ValueError("rewards and the format penalty must be finite")
 
 
 @dataclass(frozen=True, slots=True)

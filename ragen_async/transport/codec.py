@@ -408,6 +408,8 @@ class _Decoder:
             n = len(msg.trajectories)
             if msg.scores.shape[0] != n or msg.normalized_scores.shape[0] != n:
                 raise CodecError("malformed", f"shard scores do not match its {n} trajectories")
+            if not (np.all(np.isfinite(msg.scores)) and np.all(np.isfinite(msg.normalized_scores))):
+                raise CodecError("malformed", "shard scores must be finite")
         if not all(self.used):
             raise CodecError("malformed", "an array frame is not referenced by the header")
         return msg

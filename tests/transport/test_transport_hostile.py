@@ -1,6 +1,6 @@
 """Hostile traffic against a live ``ZmqReceiver`` on TCP loopback, interleaved with a legitimate sender.
 
-Ten thousand hostile messages of twenty-six kinds (garbage, truncated valid messages, messages over the
+Ten thousand hostile messages of twenty-eight kinds (garbage, truncated valid messages, messages over the
 size cap, wrong signatures, validly signed messages with out-of-range values, wrong frame counts, and
 replays of legitimate messages) go through one PUSH socket while a second PUSH socket delivers real
 trajectory groups. The receiver must
@@ -125,6 +125,27 @@ def logprob_on_prompt_token(rng, valid, secret, legit):
     return _resign(valid, secret, edit)
 
 
+def non_finite_logprob(rng, valid, secret, legit):
+    def edit(h, arrays):
+        t = _traj(h, rng)
+        value = [np.nan, np.inf, -np.inf, float(rng.uniform(0.01, 5))][int(rng.integers(4))]  # or > 0
+        _set_array(t, arrays, "behaviour_logprobs", "<f4", _first_sampled(t, arrays), value)
+
+    return _resign(valid, secret, edit)
+
+
+def non_finite_reward(rng, valid, secret, legit):
+    def edit(h, arrays):
+        t = _traj(h, rng)
+        value = [float("nan"), float("inf"), float("-inf")][int(rng.integers(3))]
+        if rng.random() < 0.5:
+            t["turns"][0]["reward"] = value
+        else:
+            t["format_penalty"] = value
+
+    return _resign(valid, secret, edit)
+
+
 def wrong_array_length(rng, valid, secret, legit):
     def edit(h, arrays):
         t = _traj(h, rng)
@@ -219,6 +240,8 @@ KINDS: dict[str, tuple[Callable[..., Frames], str]] = {
     "negative_token_version": (negative_token_version, "malformed"),
     "loss_mask_not_binary": (loss_mask_not_binary, "malformed"),
     "logprob_on_prompt_token": (logprob_on_prompt_token, "malformed"),
+    "non_finite_logprob": (non_finite_logprob, "malformed"),
+    "non_finite_reward": (non_finite_reward, "malformed"),
     "wrong_array_length": (wrong_array_length, "malformed"),
     "arrays_of_different_lengths": (arrays_of_different_lengths, "malformed"),
     "negative_shape": (negative_shape, "malformed"),
