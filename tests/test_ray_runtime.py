@@ -214,35 +214,44 @@ def test_a_staleness_sweep_trains_for_real_on_ray(tiny_model_path, tmp_path):
 
 
 def test_killed_rollout_actors_are_replaced_and_no_group_is_lost_or_trained_twice(tiny_model_path, tmp_path):
-    """A rollout actor's process is killed three times during one run: each time a new actor takes its
+    """A rollout actor dies three times during one run: its process is killed twice and, once, only its
+    engine-core process (the actor notices its dead engine and exits). Each time a new actor takes its
     place, its undelivered groups are replayed under their own index, and the run completes. The audit
     finds every index consumed once, dropped with a reason, or outstanding at the end."""
     import random
     import signal
 
+    import psutil
     import ray
 
     cfg = ray_cfg(tiny_model_path, tmp_path, "staleness.max_staleness=1", "learner.num_ranks=1",
                   "total_steps=40", "weight_sync.timeout_s=20")
     kills = []
 
+    def engine_core(actor_pid: int) -> int:
+        cores = [c.pid for c in psutil.Process(actor_pid).children(recursive=True)
+                 if "EngineCore" in " ".join(c.cmdline())]
+        assert len(cores) == 1, cores
+        return cores[0]
+
     def killer(runtime):
         rng = random.Random(0)
-        for n in range(3):
+        for n, victim in enumerate(["actor", "engine", "actor"]):
             deadline = time.monotonic() + 240
             while runtime.restarts < n and time.monotonic() < deadline:  # the previous victim is back
                 time.sleep(0.5)
-            time.sleep(rng.uniform(3, 8))
+            time.sleep(rng.uniform(2, 5))
             try:
                 pid = ray.get(runtime.rollouts[1].pid.remote(), timeout=30)
-                os.kill(pid, signal.SIGKILL)
-                kills.append(pid)
+                os.kill(engine_core(pid) if victim == "engine" else pid, signal.SIGKILL)
+                kills.append((victim, pid))
             except Exception:  # noqa: BLE001 - the run may already be over
                 return
 
     run_dir, steps, provenance = run_ray(cfg, during=killer)
     assert [r["learner/step"] for r in steps] == list(range(1, 41))
-    assert len(kills) == 3 and steps[-1]["rollout/actor_restarts"] == 3
+    assert [victim for victim, _ in kills] == ["actor", "engine", "actor"], kills
+    assert steps[-1]["rollout/actor_restarts"] == 3
     assert max(consumed_staleness(provenance)) <= 1
     final = json.loads((run_dir.checkpoints / "step_000040" / "driver_state.json").read_text())
     accounting = audit(provenance, final["admission"], 40)

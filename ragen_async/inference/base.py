@@ -114,6 +114,11 @@ class InferenceEngine(ABC):
     def shutdown(self) -> None:
         """Release the engine's resources. Idempotent."""
 
+    @property
+    def dead(self) -> bool:
+        """The engine failed for good (e.g. its engine-core process died): every call will fail."""
+        return False
+
 
 def token_versions_or_default(gen: Generation) -> list[int]:
     """Per-token versions of ``gen``; the start version for every token when the engine did not

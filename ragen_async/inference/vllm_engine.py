@@ -169,6 +169,11 @@ class VLLMEngine(InferenceEngine):
         return self._version
 
     @property
+    def dead(self) -> bool:
+        # AsyncLLM's monitor notices a dead engine-core process and fails every request from then on.
+        return not self._closed and self._llm.errored
+
+    @property
     def llm(self) -> Any:
         """The underlying ``AsyncLLM`` (escape hatch)."""
         return self._llm

@@ -8,6 +8,7 @@ calls from the orchestrator interleave with generation (in-flight updates).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,11 @@ from ragen_async.rollout.engines import make_engine
 from ragen_async.rollout.worker import RolloutWorker, validate_engine
 from ragen_async.staleness import AdmissionController
 from ragen_async.transport import make_sender
+
+log = logging.getLogger(__name__)
+
+ENGINE_WATCH_S = 1.0
+"""How often a rollout actor checks that its inference engine is alive."""
 
 AdmissionGate = ray.remote(AdmissionController)
 """The run's one admission controller as a Ray actor (the plain class, unchanged)."""
@@ -45,6 +51,7 @@ class RolloutActor:
         self.gate = gate
         self._stop = False
         self._task: asyncio.Task | None = None
+        self._watch: asyncio.Task | None = None
         # ZeroMQ sockets are not thread-safe: one dedicated thread creates and uses the sender.
         self._send_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"send-{worker_id}")
         self._sender = None
@@ -86,17 +93,33 @@ class RolloutActor:
         assert self.worker is not None, "call setup() first"
         self._started_at = time.perf_counter()
         self._task = asyncio.create_task(self.worker.run(self._admit, self._send, lambda: self._stop))
+        self._watch = asyncio.create_task(self._watch_engine())
 
     async def stop(self) -> None:
         self._stop = True
+        if self._watch is not None:
+            self._watch.cancel()
         if self._task is not None:
             try:
                 await asyncio.wait_for(self._task, timeout=30)
             except (TimeoutError, asyncio.CancelledError):
                 self._task.cancel()
 
+    def _exit_if_engine_dead(self) -> None:
+        """An actor whose engine died ends its own process, so the runtime replaces it like any dead actor
+        (a new engine, its undelivered groups replayed) instead of stopping the run on the loop's error."""
+        if self.worker is not None and self.worker.engine.dead:
+            log.error("rollout actor %s: its inference engine died; exiting so that it is replaced", self.worker_id)
+            os._exit(1)
+
+    async def _watch_engine(self) -> None:
+        while True:
+            self._exit_if_engine_dead()
+            await asyncio.sleep(ENGINE_WATCH_S)
+
     async def check(self) -> None:
         """Re-raise a failure of the background loop (the orchestrator polls this)."""
+        self._exit_if_engine_dead()
         if self._task is not None and self._task.done() and not self._task.cancelled():
             exc = self._task.exception()
             if exc is not None:
