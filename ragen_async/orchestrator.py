@@ -32,6 +32,7 @@ from ragen_async.budget import TrainingBudget
 from ragen_async.buffer import Batch, TrajectoryBuffer
 from ragen_async.config import RunConfig, load_config
 from ragen_async.metrics import ConsoleSink, JsonlSink, MetricsSink, MultiSink, WandbSink, resolve_wandb_mode
+from ragen_async import reaper
 from ragen_async.provenance import ProvenanceLog, rewind_jsonl
 from ragen_async.rollout.worker import rollout_metrics
 from ragen_async.rundir import RunDir, finalize_checkpoint, staging_path
@@ -258,12 +259,14 @@ def train(cfg: RunConfig | None = None, *, resume: Path | None = None,
     print(f"run directory: {run_dir.path}", flush=True)
     sink = make_sink(cfg, run_dir, skip_wandb_until)
     exit_code = 1
+    watchdog = reaper.start()  # if this process is killed, nothing it started keeps running
     try:
         last = run_trainer(cfg, run_dir, sink, runtime if runtime is not None else make_runtime(cfg), checkpoint)
         exit_code = 0
         return run_dir.path, last
     finally:
         sink.close(exit_code)
+        reaper.stop(watchdog)
 
 
 def run_trainer(cfg: RunConfig, run_dir: RunDir, sink: MetricsSink, runtime: Runtime,
