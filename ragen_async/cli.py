@@ -17,6 +17,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Asynchronous StarPO-S training of multi-turn LLM agents.")
 # Off a terminal (SLURM logs, CI), long lines stay whole instead of being wrapped at 80 columns.
 console = Console(stderr=True, soft_wrap=not sys.stderr.isatty())
+EXIT_INTERRUPTED = 75
+"""``train``'s exit status after a stop signal (a checkpoint was written; ``--resume`` continues): EX_TEMPFAIL."""
 
 
 def _version(value: bool) -> None:
@@ -72,26 +74,34 @@ def train(
     config: ConfigArg = None,
     overrides: OverridesArg = None,
     resume: Annotated[Path | None, typer.Option(help="continue the run in this run directory")] = None,
+    run_dir: Annotated[Path | None, typer.Option(
+        help="directory of the new run (must not exist; default RUN_ROOT/NAME-TIMESTAMP)")] = None,
     require_val_success: Annotated[float | None, typer.Option(
         help="exit non-zero unless the final validation success (val/success) reaches this")] = None,
 ) -> None:
-    """Train with StarPO-S; prints the run directory, then live progress."""
+    """Train with StarPO-S; prints the run directory, then live progress. SIGTERM or SIGUSR1 stops the run
+    after the current step with a checkpoint (exit status 75; continue with --resume)."""
     _setup_logging()
-    from ragen_async.orchestrator import summarize_val
+    from ragen_async.orchestrator import Interrupted, summarize_val
     from ragen_async.orchestrator import train as run_train
 
     cfg = None if resume is not None else _load(config, overrides)
-    if resume is not None and (config is not None or overrides):
-        _fail("--resume continues a run with its saved config; do not pass a config or overrides")
+    if resume is not None and (config is not None or overrides or run_dir is not None):
+        _fail("--resume continues a run with its saved config; do not pass a config, overrides or --run-dir")
+    if run_dir is not None and run_dir.exists():
+        _fail(f"--run-dir {run_dir} already exists; continue that run with --resume {run_dir}")
     if cfg is not None:
         _check_model(cfg.model.path)
     t0 = time.perf_counter()
     try:
-        run_dir, last = run_train(cfg, resume=resume)
+        path, last = run_train(cfg, resume=resume, run_dir_path=run_dir)
     except FileNotFoundError as e:
         _fail(str(e))
-    console.print(f"done in {time.perf_counter() - t0:.0f} s; run directory {run_dir}")
-    print(json.dumps({"run_dir": str(run_dir), **summarize_val(last)}))
+    except Interrupted as e:
+        console.print(f"[yellow]{e}[/]", highlight=False)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    console.print(f"done in {time.perf_counter() - t0:.0f} s; run directory {path}")
+    print(json.dumps({"run_dir": str(path), **summarize_val(last)}))
     if require_val_success is not None:
         got = last.get("val/success")
         if got is None or got < require_val_success:
@@ -244,11 +254,15 @@ def sweep(
 
     from ragen_async.experiments.sweep import SweepError, run_sweep
 
+    from ragen_async.orchestrator import Interrupted
+
     try:
         result = run_sweep(spec, resume=resume, out=out, overrides=overrides or [], dry_run=dry_run,
                            report=report, console=Console() if dry_run else console)
     except SweepError as e:
         _fail(str(e))
+    except Interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     if result is not None and not dry_run and result.manifest.counts()["failed"]:
         console.print(f"[bold red]some runs failed[/]; rerun them with: ragen-async sweep --resume {result.directory}")
         raise typer.Exit(1)

@@ -22,6 +22,8 @@ import asyncio
 import json
 import logging
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,19 @@ from ragen_async.runtime import Runtime
 log = logging.getLogger(__name__)
 
 DRIVER_STATE = "driver_state.json"
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+"""Signals that end a run gracefully: the current step finishes, a checkpoint is written, the run stops
+(SLURM's time-limit warning, a preemption notice, ``scancel --signal``)."""
+
+
+class Interrupted(Exception):
+    """The run stopped early on a stop signal, after writing the checkpoint it resumes from."""
+
+    def __init__(self, run_dir: Path, step: int, signal_name: str):
+        super().__init__(f"stopped by {signal_name} after step {step}, checkpoint written; "
+                         f"continue with: ragen-async train --resume {run_dir}")
+        self.run_dir, self.step = run_dir, step
 
 
 def probe_ids(vocab_size: int, n: int = 48) -> list[int]:
@@ -84,11 +99,30 @@ def make_runtime(cfg: RunConfig) -> Runtime:
     return LocalRuntime(cfg)
 
 
+class StopRequest:
+    """Set from a signal handler; the loop checks it after every step."""
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+
+    def __call__(self, signum: int, _frame: Any) -> None:
+        self.signal_name = signal.Signals(signum).name
+        print(f"{self.signal_name} received: stopping after the current step, with a checkpoint", flush=True)
+
+    def install(self) -> dict[int, Any]:
+        """Handle :data:`STOP_SIGNALS` (main thread only); returns the previous handlers."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {s: signal.signal(s, self) for s in STOP_SIGNALS}
+
+
 class Trainer:
     """Owns one run: the loop, the buffer, provenance, checkpoints; the runtime does the placing."""
 
-    def __init__(self, cfg: RunConfig, run_dir: RunDir, sink: MetricsSink, runtime: Runtime):
+    def __init__(self, cfg: RunConfig, run_dir: RunDir, sink: MetricsSink, runtime: Runtime,
+                 stop: StopRequest | None = None):
         self.cfg, self.run_dir, self.sink, self.runtime = cfg, run_dir, sink, runtime
+        self.stop = stop or StopRequest()
         self.buffer = make_buffer(cfg)
         self.provenance = ProvenanceLog(run_dir.path / "provenance.jsonl" if cfg.record_provenance else None)
         self.start_step = 0
@@ -128,8 +162,11 @@ class Trainer:
             prev_stats, done = stats, step + 1
             budget.pause()  # producers keep playing during validation; only learner time is charged
             final = budget.is_last_step(done, cfg.total_steps)
-            if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and not final:
+            stopping = self.stop.signal_name is not None and not final
+            if stopping or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and not final):
                 await self.save(done)
+            if stopping:
+                raise Interrupted(self.run_dir.path, done, self.stop.signal_name)
             if cfg.validation.every and (done % cfg.validation.every == 0 or final):
                 last_val = await self.validate(done)
             if final:
@@ -237,10 +274,12 @@ class Trainer:
         self.provenance.close()
 
 
-def train(cfg: RunConfig | None = None, *, resume: Path | None = None,
-          runtime: Runtime | None = None) -> tuple[Path, dict[str, float]]:
+def train(cfg: RunConfig | None = None, *, resume: Path | None = None, runtime: Runtime | None = None,
+          run_dir_path: Path | None = None) -> tuple[Path, dict[str, float]]:
     """Run training (or continue the run directory ``resume``); returns the run directory and the last
-    validation metrics. ``runtime`` overrides the configured one (tests)."""
+    validation metrics. ``run_dir_path``: the new run's directory (default ``RUN_ROOT/NAME-TIMESTAMP``).
+    ``runtime`` overrides the configured one (tests). SIGTERM or SIGUSR1 stops the run after the current
+    step with a checkpoint and raises :class:`Interrupted`."""
     checkpoint, skip_wandb_until = None, -1
     if resume is not None:
         run_dir = RunDir(Path(resume))
@@ -255,27 +294,32 @@ def train(cfg: RunConfig | None = None, *, resume: Path | None = None,
             skip_wandb_until = rewind_jsonl(run_dir.metrics_path, step, key="learner/step")
     else:
         assert cfg is not None
-        run_dir = RunDir.create(cfg)
+        run_dir = RunDir.create(cfg, run_dir_path)
     print(f"run directory: {run_dir.path}", flush=True)
     sink = make_sink(cfg, run_dir, skip_wandb_until)
     exit_code = 1
     watchdog = reaper.start()  # if this process is killed, nothing it started keeps running
+    stop = StopRequest()
+    previous = stop.install()
     try:
-        last = run_trainer(cfg, run_dir, sink, runtime if runtime is not None else make_runtime(cfg), checkpoint)
+        last = run_trainer(cfg, run_dir, sink, runtime if runtime is not None else make_runtime(cfg), checkpoint,
+                           stop=stop)
         exit_code = 0
         return run_dir.path, last
     finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         sink.close(exit_code)
         reaper.stop(watchdog)
 
 
 def run_trainer(cfg: RunConfig, run_dir: RunDir, sink: MetricsSink, runtime: Runtime,
-                checkpoint: Path | None = None) -> dict[str, float]:
+                checkpoint: Path | None = None, stop: StopRequest | None = None) -> dict[str, float]:
     """Build the trainer on ``runtime``, resume from ``checkpoint`` if given, run; always closes both."""
     if checkpoint is not None:  # provenance past the checkpoint describes steps that will run again
         step = int(json.loads((checkpoint / DRIVER_STATE).read_text())["step"])
         rewind_jsonl(run_dir.path / "provenance.jsonl", step, key="step")
-    trainer = Trainer(cfg, run_dir, sink, runtime)
+    trainer = Trainer(cfg, run_dir, sink, runtime, stop)
     try:
         async def main() -> dict[str, float]:
             if checkpoint is not None:

@@ -50,6 +50,21 @@ def _failed(ref: Any) -> bool:
     return False
 
 
+def check_cluster_fits(cfg: RunConfig, resources: dict[str, float]) -> None:
+    """Raise if the Ray cluster (``ray.cluster_resources()``) can never hold the configured actors: Ray would
+    wait for them forever (e.g. a SLURM job whose GPUs Ray does not see)."""
+    r, lrn = cfg.rollout, cfg.learner
+    need = {"CPU": r.num_workers * r.cpus_per_worker + lrn.num_ranks * lrn.cpus_per_rank,
+            "GPU": r.num_workers * r.gpus_per_worker + lrn.num_ranks * lrn.gpus_per_rank}
+    for kind, needed in need.items():
+        have = float(resources.get(kind, 0.0))
+        if needed > have + 1e-9:
+            raise RuntimeError(
+                f"the config needs {needed:g} {kind}s (rollout.num_workers x rollout.{kind.lower()}s_per_worker + "
+                f"learner.num_ranks x learner.{kind.lower()}s_per_rank) but the Ray cluster has {have:g}; "
+                f"give the cluster more, or ask for fewer")
+
+
 class RayAdmission(Admission):
     def __init__(self, gate: Any):
         self.gate = gate
@@ -113,6 +128,7 @@ class RayRuntime(Runtime):
 
     def _build(self) -> None:
         cfg = self.cfg
+        check_cluster_fits(cfg, ray.cluster_resources())
         data = cfg.model_dump(mode="json")
         secret = secrets.token_bytes(32)  # per-run HMAC key: nothing outside the run can inject data
         self.receiver = make_receiver(cfg.transport.kind, bind_address(cfg.transport.host), secret,

@@ -47,14 +47,20 @@ class RunDir:
         return self.path / "checkpoints"
 
     @classmethod
-    def create(cls, cfg: RunConfig) -> RunDir:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", cfg.name)
-        path = Path(cfg.run_root) / f"{safe}-{stamp}"
-        suffix = 1
-        while path.exists():
-            path = Path(cfg.run_root) / f"{safe}-{stamp}-{suffix}"
-            suffix += 1
+    def create(cls, cfg: RunConfig, path: Path | None = None) -> RunDir:
+        """A new run directory: ``path`` (which must not exist yet), or ``RUN_ROOT/NAME-TIMESTAMP``."""
+        if path is not None:
+            if Path(path).exists():
+                raise FileExistsError(f"run directory {path} already exists; continue it with --resume {path}")
+            path = Path(path)
+        else:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", cfg.name)
+            path = Path(cfg.run_root) / f"{safe}-{stamp}"
+            suffix = 1
+            while path.exists():
+                path = Path(cfg.run_root) / f"{safe}-{stamp}-{suffix}"
+                suffix += 1
         path.mkdir(parents=True)
         (path / "checkpoints").mkdir()
         (path / "config.yaml").write_text(dump_config(cfg))

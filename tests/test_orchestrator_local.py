@@ -123,3 +123,43 @@ def test_a_damaged_checkpoint_is_detected_and_the_previous_one_used(tiny_model_p
     assert "step_000002 is damaged (learner_rank0.pt has 100 bytes" in caplog.text
     assert [r["learner/step"] for r in resumed if "actor/grad_norm" in r] == [2, 3]
     assert run_dir.latest_checkpoint().name == "step_000003"
+
+
+def test_sigterm_stops_after_the_current_step_with_a_checkpoint_and_resume_completes(tiny_model_path, tmp_path):
+    """SLURM's time-limit warning or a preemption notice (SIGTERM; SIGUSR1 alike): the step in progress
+    finishes, a checkpoint is written although ``checkpoint_every`` is 0, ``Interrupted`` names the resume
+    command, the previous signal handler is back, and ``--resume`` runs the remaining steps."""
+    import json
+    import os
+    import signal
+    import threading
+    import time
+
+    from ragen_async import orchestrator
+
+    cfg = bandit_cfg(tiny_model_path, tmp_path, "total_steps=8", "validation.every=0", "checkpoint_every=0",
+                     "logging.wandb_mode=disabled")
+    chat = ChatFormat.from_pretrained(tiny_model_path)
+    path = tmp_path / "run"
+
+    def steps_logged() -> list[int]:
+        metrics = path / "metrics.jsonl"
+        lines = metrics.read_text().splitlines() if metrics.exists() else []
+        return [json.loads(line)["learner/step"] for line in lines if "actor/grad_norm" in line]
+
+    def terminate_after_step_two():
+        while len(steps_logged()) < 2:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    threading.Thread(target=terminate_after_step_two, daemon=True).start()
+    with pytest.raises(orchestrator.Interrupted, match=f"SIGTERM after step .*--resume {path}") as stopped:
+        orchestrator.train(cfg, runtime=LocalRuntime(cfg, fake_bandit_engine(chat)), run_dir_path=path)
+    assert signal.getsignal(signal.SIGTERM) is before
+    step = stopped.value.step
+    assert 2 <= step < 8 and steps_logged() == list(range(1, step + 1))
+    assert RunDir(path).latest_checkpoint().name == f"step_{step:06d}"
+
+    orchestrator.train(None, resume=path, runtime=LocalRuntime(cfg, fake_bandit_engine(chat)))
+    assert steps_logged() == list(range(1, 9))

@@ -52,6 +52,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ragen_async.config import ConfigError, RunConfig, dump_config, load_config
+from ragen_async.orchestrator import Interrupted
 
 TrainFn = Callable[..., tuple[Path, dict[str, float]]]
 """``train(cfg, resume=None) -> (run_dir, last_val_metrics)``, as ``orchestrator.train``."""
@@ -460,7 +461,7 @@ class Sweep:
                 cfg = load_config(self.directory / record.config,
                                   [format_override("run_root", str(self.run_root(record.name)))])
                 path, last = train_fn(cfg)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Interrupted):
             record.status = "interrupted"
             self._note_run_dir(record)
             console.print(f"[yellow]interrupted[/]; continue with: ragen-async sweep --resume {self.directory}")

@@ -228,17 +228,18 @@ def fake_slurm(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "calls.log"
-    stub(bin_dir, "scontrol", 'echo node-a; echo node-b\n')
+    stub(bin_dir, "scontrol", 'echo "scontrol $*" >> "$LOG"\n[[ $1 == show ]] && { echo node-a; echo node-b; }\n'
+                              'exit 0\n')
     # srun: drop its options, run the command here (with the node name a real task would have).
     stub(bin_dir, "srun", 'echo "srun $*" >> "$LOG"\nwhile [[ $1 == -* ]]; do [[ $1 == -w ]] && shift; shift; done\n'
-                          'export SLURMD_NODENAME=node-a\nexec "$@"\n')
+                          'export SLURMD_NODENAME=node-a SLURM_NODEID=1\nexec "$@"\n')
     stub(bin_dir, "hostname", 'echo "fe80::1 10.1.2.3"\n')
     stub(bin_dir, "ray", 'echo "ray $*" >> "$LOG"\n[[ $1 == start ]] && exec sleep 60\nexit 0\n')
     # python: `python -` counts the Ray nodes started; else it is the trainer (DRIVER_MODE: ok | fail | hang).
     stub(bin_dir, "python", 'if [[ $1 == - ]]; then grep -c "^ray start" "$LOG"; exit 0; fi\n'
                             'echo "driver $* RAY_ADDRESS=$RAY_ADDRESS AUTH=$RAY_AUTH_MODE" >> "$LOG"\n'
                             'case $DRIVER_MODE in fail) exit 3 ;; hang)\n'
-                            '  trap \'echo "driver got SIGINT" >> "$LOG"; kill $!; exit 130\' INT\n'
+                            '  trap \'echo "driver got SIGTERM" >> "$LOG"; kill $!; exit 75\' TERM\n'
                             '  sleep 30 & echo started > "$LOG.started"; wait ;; esac\n')
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "LOG": str(log), "SLURM_JOB_ID": "4242",
            "SLURM_JOB_NODELIST": "node-[a-b]", "SLURM_CPUS_PER_TASK": "8", "SLURM_GPUS_PER_TASK": "2",
@@ -257,13 +258,16 @@ def test_sbatch_starts_ray_on_every_node_runs_the_driver_and_stops_ray(fake_slur
     port = 11000 + (4242 % 20) * 1000
     assert f"--node-ip-address=10.1.2.3 --port={port}" in head and f"--address=10.1.2.3:{port}" in worker
     for call in (head, worker):
-        assert "--num-cpus=8 --num-gpus=2" in call and f"--temp-dir={env['RAY_TMP_ROOT']}/ray-4242-node-a" in call
+        # No GPU count: Ray counts the GPUs SLURM made visible to the step.
+        assert "--num-cpus=8 " in call and "--num-gpus" not in call
+        assert f"--temp-dir={env['RAY_TMP_ROOT']}/ray-4242-node-a" in call
         assert f"--min-worker-port={port + 100}" in call
-    assert any(c.startswith("srun --overlap --cpus-per-task=8 --gpus-per-task=2 --nodes=1 --ntasks=1 -w node-a")
-               for c in calls)
+        # The node's own ports, offset by its SLURM_NODEID (1 here), expanded on the node.
+        assert f"--node-manager-port={port + 20} --object-manager-port={port + 21}" in call
+    assert any(c.startswith("srun --overlap --cpus-per-task=8 --nodes=1 --ntasks=1 -w node-a") for c in calls)
     assert any("--nodes=1 --ntasks=1 --ntasks-per-node=1 --exclude=node-a" in c for c in calls)
     driver = next(c for c in calls if c.startswith("driver"))
-    assert driver == f"driver -u -m ragen_async.cli train {CONFIG} seed=1 runtime=ray " \
+    assert driver == f"driver -u -m ragen_async.cli train {CONFIG} seed=1 runtime=ray --run-dir runs/slurm-4242 " \
                      f"RAY_ADDRESS=10.1.2.3:{port} AUTH=disabled"
     assert "stopping Ray on 2 node(s)" in result.stdout
 
@@ -276,7 +280,10 @@ def test_sbatch_passes_the_trainer_exit_status_and_resumes_sweeps_as_saved(fake_
     assert "ragen_async.cli sweep --resume runs/sweeps/x RAY_ADDRESS" in driver  # no runtime=ray appended
 
 
-def test_sbatch_interrupts_the_trainer_on_sigterm(fake_slurm):
+@pytest.mark.parametrize("sig, requeued", [(signal.SIGUSR1, True), (signal.SIGTERM, False)])
+def test_sbatch_stops_the_trainer_gracefully_and_requeues_on_the_time_limit_warning(fake_slurm, sig, requeued):
+    """SIGUSR1 (the script's --signal=B:USR1@180) or SIGTERM (scancel, preemption): the trainer gets SIGTERM
+    (it checkpoints and exits 75), Ray is stopped, and only after the time-limit warning is the job requeued."""
     env, log = fake_slurm
     # SLURM starts the batch shell with default signal dispositions. A test runner started in the
     # background (`cmd &` in a script) has SIGINT ignored, and bash cannot un-ignore a signal ignored
@@ -296,8 +303,29 @@ def test_sbatch_interrupts_the_trainer_on_sigterm(fake_slurm):
     while time.monotonic() < deadline and wchan.read_text().strip() != "do_wait":
         time.sleep(0.1)
     time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)  # what SLURM sends before the time limit (--signal=B:TERM@180)
+    proc.send_signal(sig)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 143, out
-    assert "driver got SIGINT" in log.read_text()
+    assert "driver got SIGTERM" in log.read_text() and "trainer exited with status 75" in out
     assert "stopping Ray on 2 node(s)" in out
+    assert ("scontrol requeue 4242" in log.read_text()) == requeued, out
+
+
+def test_a_requeued_sbatch_job_resumes_its_run(fake_slurm, tmp_path):
+    env, log = fake_slurm
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    result = run(["bash", str(SCRIPTS[2]), CONFIG, "seed=1"],
+                 env={**env, "DRIVER_MODE": "ok", "SLURM_RESTART_COUNT": "1", "RAGEN_RUN_DIR": str(run_dir)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    driver = next(c for c in log.read_text().splitlines() if c.startswith("driver"))
+    assert f"ragen_async.cli train --resume {run_dir} RAY_ADDRESS" in driver
+    assert f"requeued job (restart 1): resuming {run_dir}" in result.stdout
+
+
+def test_sbatch_refuses_a_loopback_head_address(fake_slurm):
+    env, log = fake_slurm
+    (Path(env["PATH"].split(":")[0]) / "hostname").write_text("#!/bin/bash\necho 127.0.1.1\n")
+    result = run(["bash", str(SCRIPTS[2]), CONFIG], env={**env, "DRIVER_MODE": "ok"})
+    assert result.returncode == 2 and "no routable IPv4 address found for the head node node-a" in result.stderr
+    assert "ray start" not in log.read_text()
