@@ -253,7 +253,6 @@ def sweep(
     from rich.console import Console
 
     from ragen_async.experiments.sweep import SweepError, run_sweep
-
     from ragen_async.orchestrator import Interrupted
 
     try:
