@@ -36,8 +36,9 @@ from ragen_async.rundir import RunDir
 pytestmark = [pytest.mark.soak, pytest.mark.vllm, pytest.mark.slow]
 
 MINUTES = float(os.environ.get("SOAK_MINUTES", "30"))
-KILL_EVERY_S = MINUTES * 60 / 7.5
-"""Kills at 0.4, 1.2, 2.0, ... x ``MINUTES / 3``: two in each third of the run (at 30 min: 3, 7, 11 ... 27)."""
+KILL_EVERY_S = float(os.environ.get("SOAK_KILL_EVERY_S", MINUTES * 60 / 7.5))
+"""Kills at 0.5, 1.5, 2.5, ... x this: by default two in each third of the run (at 30 min: 2, 6, 10 ... 26).
+Keep it well above the time a replacement takes (about a minute on 2 cores), or kills land on replacements."""
 SAMPLE_EVERY_S = 10.0
 
 
