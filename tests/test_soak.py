@@ -36,9 +36,10 @@ from ragen_async.rundir import RunDir
 pytestmark = [pytest.mark.soak, pytest.mark.vllm, pytest.mark.slow]
 
 MINUTES = float(os.environ.get("SOAK_MINUTES", "30"))
-KILL_EVERY_S = float(os.environ.get("SOAK_KILL_EVERY_S", MINUTES * 60 / 7.5))
-"""Kills at 0.5, 1.5, 2.5, ... x this: by default two in each third of the run (at 30 min: 2, 6, 10 ... 26).
-Keep it well above the time a replacement takes (about a minute on 2 cores), or kills land on replacements."""
+KILL_EVERY_S = float(os.environ.get("SOAK_KILL_EVERY_S", MINUTES * 60 / 6))
+"""Kills at 0.5, 1.5, 2.5, ... x this after the first step: by default two in each third of the run (at 30
+min: 2.5, 7.5, 12.5 ... 27.5). Keep it well above the time a replacement takes (about a minute on 2 cores),
+or kills land on replacements."""
 SAMPLE_EVERY_S = 10.0
 
 
@@ -61,9 +62,11 @@ class StampedSink(MemorySink):
     def __init__(self, t0: float) -> None:
         super().__init__()
         self.t0 = t0
+        self.steps = 0
 
     def log(self, record):
         super().log({**record, "_t_s": time.monotonic() - self.t0})
+        self.steps += "actor/grad_norm" in record
 
 
 def test_soak_with_actor_kills(tiny_model_path, tmp_path):
@@ -91,8 +94,13 @@ def test_soak_with_actor_kills(tiny_model_path, tmp_path):
     samples: list[dict] = []
 
     def killer():
+        while not sink.steps and not done.wait(timeout=1.0):
+            pass
+        first = time.monotonic()
         n = 0
-        while not done.wait(timeout=max(0.0, t0 + (n + 0.5) * KILL_EVERY_S - time.monotonic())):
+        while not done.wait(timeout=max(0.0, first + (n + 0.5) * KILL_EVERY_S - time.monotonic())):
+            if time.monotonic() - first > MINUTES * 60 - 90:
+                break  # a replacement takes about a minute: the last kill must leave time for it
             victim = "actor" if n % 2 == 0 else "engine"
             try:
                 pid = ray.get(runtime.rollouts[1].pid.remote(), timeout=60)
@@ -116,10 +124,10 @@ def test_soak_with_actor_kills(tiny_model_path, tmp_path):
                 row[f"w{i}"], row[f"w{i}_engine"] = rss_mib(pid), rss_mib(engine_core(pid))
             samples.append(row)
 
+    sink = StampedSink(t0)
     threads = [threading.Thread(target=f, daemon=True) for f in (killer, sampler)]
     for t in threads:
         t.start()
-    sink = StampedSink(t0)
     try:
         run_trainer(cfg, run_dir, sink, runtime)
     finally:
@@ -135,12 +143,12 @@ def test_soak_with_actor_kills(tiny_model_path, tmp_path):
     accounting = audit(provenance, final["admission"], int(final["step"]))
     ids = [g["group_id"] for p in provenance for g in p["groups"]]
 
-    # Throughput per third of the run, from the step records' wall-clock stamps.
-    span = MINUTES * 60
-    stamps = pd.Series(steps["_t_s"])
-    thirds = [int(((stamps >= a * span / 3) & (stamps < (a + 1) * span / 3)).sum()) / (MINUTES / 3) for a in range(3)]
-    third = span / 3
-    start = mem[(mem.t_s >= third - 60) & (mem.t_s <= third)].iloc[-1]
+    # Throughput per third of the run (first to last step), from the step records' wall-clock stamps.
+    stamps = steps["_t_s"]
+    first, third = stamps.min(), (stamps.max() - stamps.min()) / 3
+    bins = pd.cut(stamps, [first - 1e-6, first + third, first + 2 * third, stamps.max() + 1e-6], labels=False)
+    thirds = [float(n) / (third / 60) for n in bins.value_counts().reindex([0, 1, 2], fill_value=0)]
+    start = mem[mem.t_s <= first + third].iloc[-1]
     end = mem.iloc[-1]
     lived = ["driver", "learner", "gate", "w0", "w0_engine"]
     growth = {k: (float(start[k]), float(end[k])) for k in lived}
