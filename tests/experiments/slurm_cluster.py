@@ -69,6 +69,7 @@ class SlurmCluster:
             f"SlurmctldLogFile={d / 'log' / 'slurmctld.log'}", f"SlurmdLogFile={d / 'log'}/slurmd-%n.log",
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "SchedulerType=sched/backfill",
+            "SchedulerParameters=sched_interval=2,bf_interval=2",
             "ReturnToService=2", "JobRequeue=1", "KillWait=10", "MinJobAge=600",
             "SlurmctldTimeout=30", "SlurmdTimeout=60", "InactiveLimit=0", "Waittime=0",
             "JobCompType=jobcomp/none", "AccountingStorageType=accounting_storage/none",

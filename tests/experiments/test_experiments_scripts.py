@@ -232,7 +232,7 @@ def fake_slurm(tmp_path):
                               'exit 0\n')
     # srun: drop its options, run the command here (with the node name a real task would have).
     stub(bin_dir, "srun", 'echo "srun $*" >> "$LOG"\nwhile [[ $1 == -* ]]; do [[ $1 == -w ]] && shift; shift; done\n'
-                          'export SLURMD_NODENAME=node-a SLURM_NODEID=1\nexec "$@"\n')
+                          'export SLURMD_NODENAME=node-a SLURM_PROCID=0\nexec "$@"\n')
     stub(bin_dir, "hostname", 'echo "fe80::1 10.1.2.3"\n')
     stub(bin_dir, "ray", 'echo "ray $*" >> "$LOG"\n[[ $1 == start ]] && exec sleep 60\nexit 0\n')
     # python: `python -` counts the Ray nodes started; else it is the trainer (DRIVER_MODE: ok | fail | hang).
@@ -257,13 +257,14 @@ def test_sbatch_starts_ray_on_every_node_runs_the_driver_and_stops_ray(fake_slur
     worker = next(c for c in calls if c.startswith("ray start --block --address"))
     port = 11000 + (4242 % 20) * 1000
     assert f"--node-ip-address=10.1.2.3 --port={port}" in head and f"--address=10.1.2.3:{port}" in worker
-    for call in (head, worker):
+    for index, call in enumerate((head, worker)):
         # No GPU count: Ray counts the GPUs SLURM made visible to the step.
         assert "--num-cpus=8 " in call and "--num-gpus" not in call
         assert f"--temp-dir={env['RAY_TMP_ROOT']}/ray-4242-node-a" in call
         assert f"--min-worker-port={port + 100}" in call
-        # The node's own ports, offset by its SLURM_NODEID (1 here), expanded on the node.
-        assert f"--node-manager-port={port + 20} --object-manager-port={port + 21}" in call
+        # The node's own ports, offset by its index (head 0, workers 1 + their task id), expanded on the node.
+        first = port + 10 + 10 * index
+        assert f"--node-manager-port={first} --object-manager-port={first + 1}" in call
     assert any(c.startswith("srun --overlap --cpus-per-task=8 --nodes=1 --ntasks=1 -w node-a") for c in calls)
     assert any("--nodes=1 --ntasks=1 --ntasks-per-node=1 --exclude=node-a" in c for c in calls)
     driver = next(c for c in calls if c.startswith("driver"))

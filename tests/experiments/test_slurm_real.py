@@ -14,12 +14,12 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
-
-from tests.experiments.slurm_cluster import SlurmCluster
+from slurm_cluster import SlurmCluster  # noqa: I001  (this folder, on sys.path under pytest)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -45,8 +45,9 @@ def test_two_node_job_forms_the_cluster_requeues_on_the_time_limit_warning_and_r
                                                                                        tmp_path):
     run_dir = tmp_path / "run"
     out = tmp_path / "job.out"
+    ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     env = {"RAGEN_VENV": str(Path(sys.executable).parents[1]), "RAGEN_RUN_DIR": str(run_dir),
-           "RAY_OBJECT_STORE_BYTES": str(150 * 2**20), "RAY_TMP_ROOT": str(tmp_path / "ray"),
+           "RAY_OBJECT_STORE_BYTES": str(150 * 2**20), "RAY_TMP_ROOT": ray_tmp,
            "RAY_START_TIMEOUT": "180", "WANDB_MODE": "disabled", "RAY_AUTH_MODE": "disabled"}
     submit = slurm.run([
         "sbatch", "--parsable", "--nodes=2", "--cpus-per-task=2", "--gpus-per-task=0", "--time=30",
@@ -69,6 +70,12 @@ def test_two_node_job_forms_the_cluster_requeues_on_the_time_limit_warning_and_r
         assert time.monotonic() < deadline, f"no training steps after 420 s:\n{log()}"
         time.sleep(1)
     slurm.run(["scancel", "--batch", "--signal=USR1", job])
+    # SLURM holds a requeued job for about two minutes before it may start again; let it start now.
+    deadline = time.monotonic() + 300
+    while int(slurm.job_state(job).get("Restarts", 0)) < 1:
+        assert time.monotonic() < deadline, f"job {job} was not requeued:\n{log()}"
+        time.sleep(1)
+    slurm.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False)
 
     final = slurm.wait_job(job, timeout=600)
     text = log()
@@ -87,3 +94,4 @@ def test_two_node_job_forms_the_cluster_requeues_on_the_time_limit_warning_and_r
     assert audit.returncode == 0, audit.stdout + audit.stderr
     result = json.loads(audit.stdout.strip().splitlines()[-1])
     assert result["consumed"] == TOTAL_STEPS * 4 and not result["duplicates"] and not result["unexplained"]
+    shutil.rmtree(ray_tmp, ignore_errors=True)

