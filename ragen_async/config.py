@@ -197,6 +197,11 @@ class LoggingConfig(_Strict):
     """``auto`` = online when a W&B API key is configured, offline otherwise (``WANDB_MODE`` wins)."""
     wandb_project: str = "ragen_async"
     wandb_entity: str | None = None
+    wandb_group: str | None = None
+    """W&B run group (``ragen-async sweep`` sets the sweep directory's name: one group per sweep);
+    ``None`` = ``WANDB_RUN_GROUP`` if set."""
+    wandb_tags: list[str] = Field(default_factory=list)
+    """W&B run tags (a sweep adds ``key=value`` for each of the run's grid values)."""
     console: bool = True
 
 

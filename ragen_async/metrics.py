@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 
 
@@ -77,19 +78,45 @@ def resolve_wandb_mode(configured: str) -> str:
     return "online" if has_key else "offline"
 
 
+def staleness_histogram(record: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(counts, bin edges)`` from a step's ``staleness/token_hist/{i}`` counters (bin i = tokens i versions
+    old; the ``overflow`` bin, if any, is drawn as one more bin), or ``None`` if the record has none."""
+    prefix = "staleness/token_hist/"
+    bins = {k.removeprefix(prefix): v for k, v in record.items() if k.startswith(prefix) and v is not None}
+    if not bins:
+        return None
+    counts = [float(bins[str(i)]) for i in range(len(bins)) if str(i) in bins]
+    if "overflow" in bins:
+        counts.append(float(bins["overflow"]))
+    return np.asarray(counts), np.arange(len(counts) + 1, dtype=float) - 0.5
+
+
+SUMMARY_BEST = {"val/success": ("val/success_best", max), "actor/entropy": ("actor/entropy_min", min)}
+"""Run summary entries kept over the whole run: the best validation success and the lowest entropy."""
+
+
 class WandbSink(MetricsSink):
     """A W&B run plotted against ``learner/step``. After a resume, records whose ``learner/step`` is at
     most ``skip_until_step`` (points the run already has from before the interruption) are not sent
-    again, so no step appears twice."""
+    again, so no step appears twice. Each step's token staleness is also logged as a W&B histogram
+    (``staleness/token_histogram``), and the summary keeps :data:`SUMMARY_BEST`."""
 
     def __init__(self, run_dir: Path, config: dict[str, Any], mode: str, project: str, entity: str | None,
-                 name: str, resume_id: str | None = None, skip_until_step: int = -1):
+                 name: str, resume_id: str | None = None, skip_until_step: int = -1, group: str | None = None,
+                 tags: list[str] | tuple[str, ...] = ()):
         import wandb
 
         self._wandb = wandb
         self.skip_until_step = skip_until_step
+        self._best: dict[str, float] = {}
         self.run = wandb.init(project=project, entity=entity, name=name, config=config, mode=mode,
-                              dir=str(run_dir), id=resume_id, resume="allow" if resume_id else None)
+                              dir=str(run_dir), id=resume_id, resume="allow" if resume_id else None,
+                              group=group, tags=list(tags) or None, job_type="train")
+        for name, _ in SUMMARY_BEST.values():  # a resumed run keeps the best it had
+            try:
+                self._best[name] = float(self.run.summary[name])
+            except (KeyError, TypeError, ValueError):
+                pass
         if mode != "disabled":
             # Async RL has several clocks; plot everything against the learner step by default.
             self.run.define_metric("learner/step")
@@ -102,7 +129,15 @@ class WandbSink(MetricsSink):
     def log(self, record):
         if record.get("learner/step", self.skip_until_step + 1) <= self.skip_until_step:
             return
-        self.run.log({k: _clean(v) for k, v in record.items() if _clean(v) is not None})
+        data = {k: _clean(v) for k, v in record.items() if _clean(v) is not None}
+        hist = staleness_histogram(data)
+        if hist is not None:
+            data["staleness/token_histogram"] = self._wandb.Histogram(np_histogram=hist)
+        self.run.log(data)
+        for key, (name, better) in SUMMARY_BEST.items():
+            if key in data:
+                self._best[name] = better(self._best.get(name, data[key]), data[key])
+                self.run.summary[name] = self._best[name]
 
     def close(self, exit_code: int = 0):
         self.run.finish(exit_code=exit_code)

@@ -70,7 +70,8 @@ def make_sink(cfg: RunConfig, run_dir: RunDir, skip_wandb_until: int = -1) -> Me
         state = run_dir.read_state()
         wandb_sink = WandbSink(run_dir.path, cfg.model_dump(mode="json"), mode, cfg.logging.wandb_project,
                                cfg.logging.wandb_entity, run_dir.path.name, resume_id=state.get("wandb_id"),
-                               skip_until_step=skip_wandb_until)
+                               skip_until_step=skip_wandb_until, group=cfg.logging.wandb_group,
+                               tags=cfg.logging.wandb_tags)
         run_dir.write_state(**{**state, "wandb_id": wandb_sink.run_id})
         sinks.append(wandb_sink)
     if cfg.logging.console:

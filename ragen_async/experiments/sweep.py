@@ -458,8 +458,11 @@ class Sweep:
                 console.print(f"continuing {existing} from its latest checkpoint")
                 path, last = train_fn(None, resume=existing)
             else:
-                cfg = load_config(self.directory / record.config,
-                                  [format_override("run_root", str(self.run_root(record.name)))])
+                # One W&B group per sweep; the run's grid values as tags (e.g. staleness.max_staleness=4).
+                cfg = load_config(self.directory / record.config, [
+                    format_override("run_root", str(self.run_root(record.name))),
+                    format_override("logging.wandb_group", self.directory.name),
+                    format_override("logging.wandb_tags", [f"{k}={v}" for k, v in record.overrides.items()])])
                 path, last = train_fn(cfg)
         except (KeyboardInterrupt, Interrupted):
             record.status = "interrupted"

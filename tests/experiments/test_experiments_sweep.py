@@ -160,6 +160,10 @@ def test_a_sweep_trains_every_run_and_writes_its_manifest(bandit_spec, fake_mode
     assert saved["staleness"]["max_staleness"] == 1 and saved["total_steps"] == 4 and saved["runtime"] == "ray"
     assert saved["name"] == "t-k1-s0"
     assert (sweep.directory / "spec.yaml").read_text().startswith("# copied from")
+    # W&B: one group per sweep, the run's grid values as tags.
+    run_cfg = yaml.safe_load((sweep.directory / rec["run_dir"] / "config.yaml").read_text())
+    assert run_cfg["logging"]["wandb_group"] == sweep.directory.name
+    assert run_cfg["logging"]["wandb_tags"] == ["staleness.max_staleness=1", "seed=0"]
 
 
 def test_a_failed_run_is_recorded_and_the_sweep_goes_on(bandit_spec, fake_model, tmp_path, fake_train):
