@@ -8,6 +8,10 @@ docs/reliability.md::
 
 ``SOAK_OUT`` receives ``soak_summary.json`` (the figures below) and ``soak_rss.csv`` (every sample).
 
+The policy is held fixed (learning rates 0; weights are still published every step), so the work per
+step is the same from start to end and a change in throughput is the system's, not the task's: a
+learning policy changes its replies (lengths, turns) as it learns. ``SOAK_LEARN=1`` trains for real.
+
 It asserts: the run keeps training until its time budget; every kill is followed by a replacement;
 no group is trained on twice and the audit explains every index; learner steps per minute in the last
 third of the run are within 20 % of the first third (each third sees the same number of kills); and
@@ -43,6 +47,7 @@ KILL_EVERY_S = float(os.environ.get("SOAK_KILL_EVERY_S", MINUTES * 60 / 6))
 min: 2.5, 7.5, 12.5 ... 27.5). Keep it well above the time a replacement takes (about a minute on 2 cores),
 or kills land on replacements."""
 SAMPLE_EVERY_S = 10.0
+LEARN = os.environ.get("SOAK_LEARN", "0") == "1"
 
 
 def engine_core(actor_pid: int) -> int | None:
@@ -88,7 +93,8 @@ def test_soak_with_actor_kills(tiny_model_path, tmp_path):
         "staleness.max_staleness=1", "rollout.num_workers=2", "learner.num_ranks=1",
         "rollout.group_size=4", "rollout.envs=[{tag: Bandit, n_groups: 4}]", "learner.mini_batch_size=2",
         "learner.micro_batch_size=2", "validation.every=0", "logging.console=false",
-        "inference.kv_cache_gib=0.5", "weight_sync.timeout_s=30"])
+        "inference.kv_cache_gib=0.5", "weight_sync.timeout_s=30",
+        *([] if LEARN else ["learner.actor_lr=0", "learner.critic_lr=0"])])
     run_dir = RunDir.create(cfg)
     runtime = RayRuntime(cfg)
     t0 = time.monotonic()
@@ -156,7 +162,7 @@ def test_soak_with_actor_kills(tiny_model_path, tmp_path):
     lived = ["driver", "learner", "gate", "w0", "w0_engine"]
     growth = {k: (float(start[k]), float(end[k])) for k in lived}
     summary = {
-        "minutes": MINUTES, "steps": len(steps), "steps_per_min_by_third": thirds,
+        "minutes": MINUTES, "learning": LEARN, "steps": len(steps), "steps_per_min_by_third": thirds,
         "kills": kills, "actor_restarts": float(steps["rollout/actor_restarts"].iloc[-1]),
         "abandoned_groups": float(steps["rollout/abandoned_groups"].iloc[-1]),
         "consumed_groups": len(ids), "duplicates": accounting["duplicates"], "unexplained": accounting["unexplained"],
@@ -165,6 +171,9 @@ def test_soak_with_actor_kills(tiny_model_path, tmp_path):
     }
     (out / "soak_summary.json").write_text(json.dumps(summary, indent=1))
     mem.to_csv(out / "soak_rss.csv", index=False)
+    columns = ["learner/step", "_t_s", "timing/step_s", "rollout/response_length", "throughput/tokens_per_s",
+               "rollout/actor_restarts", "weight_sync/time_s"]
+    steps[[c for c in columns if c in steps]].to_csv(out / "soak_steps.csv", index=False)
     print("\nsoak:", json.dumps(summary, indent=1))
 
     assert len(kills) >= 6 and not [k for k in kills if "error" in k], kills
