@@ -218,6 +218,52 @@ def _print_bench(title: str, text: str, out: Path | None) -> None:
             f.write(f"\n## {title} ({time.strftime('%Y-%m-%d %H:%M')})\n\n{text}")
 
 
+@bench_app.command("transport")
+def bench_transport_cmd(
+    groups: Annotated[int, typer.Option(help="Sokoban-sized groups per run (paper-sized: a tenth)")] = 2000,
+    repeats: Annotated[int, typer.Option(help="runs of each path per shape (the table shows medians)")] = 3,
+    out: Annotated[Path | None, typer.Option(help="append the table to this markdown file")] = None,
+) -> None:
+    """Codec + ZeroMQ on loopback vs a raw send_multipart of the same bytes, two group sizes."""
+    from ragen_async.experiments.bench import machine_description
+    from ragen_async.experiments.components import PAPER, SOKOBAN, bench_transport, format_transport
+
+    if groups < 10 or repeats < 1:
+        raise typer.BadParameter("--groups must be >= 10 and --repeats >= 1")
+    rows = bench_transport({SOKOBAN: groups, PAPER: max(1, groups // 10)}, repeats)
+    text = (f"machine: {machine_description()}\ncommand: `ragen-async bench transport --groups {groups} "
+            f"--repeats {repeats}`\nsender and receiver: two processes on loopback TCP; median of {repeats} runs "
+            f"per path, the paths alternating\n\n{format_transport(rows)}\n")
+    _print_bench("Transport benchmark", text, out)
+
+
+@bench_app.command("weights")
+def bench_weights_cmd(
+    model: Annotated[Path, typer.Option(help="the model whose tensors are synced first")] = Path("artifacts/tiny-model"),
+    repeats: Annotated[int, typer.Option(help="syncs of each kind per tensor set (the table shows medians)")] = 5,
+    large: Annotated[bool, typer.Option(help="also sync Qwen2.5-0.5B-shaped bf16 tensors (about 1 GB)")] = True,
+    out: Annotated[Path | None, typer.Option(help="append the table to this markdown file")] = None,
+) -> None:
+    """The gloo weight-sync path (publish + receive) vs a raw broadcast of the same bytes, one receiver."""
+    from ragen_async.experiments.bench import machine_description
+    from ragen_async.experiments.components import (
+        bench_weights_one,
+        format_weights,
+        synthetic_qwen_tensors,
+        tiny_model_tensors,
+    )
+
+    if not (model / "model.safetensors").is_file():
+        raise typer.BadParameter(f"{model} has no model.safetensors (run `ragen-async make-model` first)")
+    rows = [bench_weights_one(f"tiny model ({model})", tiny_model_tensors(str(model)), repeats)]
+    if large:
+        rows.append(bench_weights_one("Qwen2.5-0.5B shapes, bf16 (synthetic)", synthetic_qwen_tensors(), repeats))
+    text = (f"machine: {machine_description()}\ncommand: `ragen-async bench weights --repeats {repeats}`\n"
+            f"publisher and one receiver process, gloo over loopback; each sync timed on the publisher up to "
+            f"a barrier after the receiver finished\n\n{format_weights(rows)}\n")
+    _print_bench("Weight-sync benchmark", text, out)
+
+
 @bench_app.command("step")
 def bench_step_cmd(
     config: Annotated[Path, typer.Argument(help="config")] = Path("configs/tiny/starpo_s_sokoban.yaml"),

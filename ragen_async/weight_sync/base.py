@@ -99,11 +99,18 @@ def plan_buckets(manifest: Sequence[ManifestEntry], bucket_bytes: int = DEFAULT_
     return out
 
 
-def pack_bucket(bucket: Bucket, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+def pack_bucket(bucket: Bucket, tensors: Sequence[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
     """Concatenate the bucket's tensors (indexed like the manifest) into one flat CPU buffer,
-    returned as raw bytes (uint8) so any dtype travels through any backend."""
+    returned as raw bytes (uint8) so any dtype travels through any backend. A bucket of one
+    contiguous tensor is returned as a byte view of it (no copy); otherwise ``out`` (a previous
+    result for the same bucket) is reused when given."""
     dtype = dtype_from_name(bucket.dtype)
-    flat = torch.empty(bucket.numel, dtype=dtype)
+    if len(bucket.indices) == 1:
+        t = tensors[bucket.indices[0]].detach()
+        if t.dtype == dtype and t.is_contiguous() and t.device.type == "cpu":
+            return t.reshape(-1).view(torch.uint8)
+    reuse = out is not None and out.numel() == bucket.numel * dtype.itemsize and out.dtype == torch.uint8
+    flat = out.view(dtype) if reuse else torch.empty(bucket.numel, dtype=dtype)
     off = 0
     for i in bucket.indices:
         t = tensors[i].detach()

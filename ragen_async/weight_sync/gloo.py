@@ -31,6 +31,7 @@ import torch
 from ragen_async.weight_sync.base import (
     DEFAULT_BUCKET_BYTES,
     HEADER_LEN,
+    Bucket,
     Manifest,
     ManifestEntry,
     WeightPublisher,
@@ -85,8 +86,21 @@ def open_group(master_address: str, master_port: int, world_size: int, rank: int
 
 def broadcast(pg: Any, tensor: torch.Tensor, timeout_s: float, what: str) -> None:
     """``pg.broadcast(tensor, root=0)`` with a timeout; errors name ``what``."""
+    wait(start_broadcast(pg, tensor, timeout_s, what), timeout_s, what)
+
+
+def start_broadcast(pg: Any, tensor: torch.Tensor, timeout_s: float, what: str) -> Any:
+    """Start ``pg.broadcast(tensor, root=0)`` and return its work handle (gloo sends on its own threads)."""
     try:
-        pg.broadcast(tensor, 0).wait(dt.timedelta(seconds=timeout_s))
+        return pg.broadcast(tensor, 0)
+    except Exception as err:  # noqa: BLE001
+        raise _wrap(err, what, timeout_s) from err
+
+
+def wait(work: Any, timeout_s: float, what: str) -> None:
+    """Wait for a started collective; errors name ``what``."""
+    try:
+        work.wait(dt.timedelta(seconds=timeout_s))
     except Exception as err:  # noqa: BLE001
         raise _wrap(err, what, timeout_s) from err
 
@@ -132,6 +146,9 @@ class GlooBroadcastPublisher(WeightPublisher):
                                timeout=dt.timedelta(seconds=self.timeout_s), wait_for_workers=False)
         self.master_port = int(self._store.port)
         self._pg: Any = None
+        self._plan: list[Bucket] | None = None
+        self._buffers: list[torch.Tensor | None] = []
+        """Packed buffers of the last publish, reused by the next one with the same plan."""
         self.last_publish_s: float | None = None
 
     @property
@@ -164,9 +181,20 @@ class GlooBroadcastPublisher(WeightPublisher):
         broadcast(self._pg, make_header(manifest, version, self.bucket_bytes), self.timeout_s,
                   f"{where}: header of version {version}")
         tensors = [t for _, t in named]
-        for i, bucket in enumerate(plan_buckets(manifest, self.bucket_bytes)):
-            broadcast(self._pg, pack_bucket(bucket, tensors), self.timeout_s,
-                      f"{where}: buffer {i} of version {version}")
+        plan = plan_buckets(manifest, self.bucket_bytes)
+        if self._plan != plan:
+            self._plan, self._buffers = plan, [None] * len(plan)
+        in_flight: tuple[Any, str] | None = None
+        for i, bucket in enumerate(plan):
+            # Pack the next buffer while the previous one is on the wire; buffers are kept for reuse.
+            buf = self._buffers[i] = pack_bucket(bucket, tensors, out=self._buffers[i])
+            what = f"{where}: buffer {i} of version {version}"
+            work = start_broadcast(self._pg, buf, self.timeout_s, what)
+            if in_flight is not None:
+                wait(in_flight[0], self.timeout_s, in_flight[1])
+            in_flight = (work, what)
+        if in_flight is not None:
+            wait(in_flight[0], self.timeout_s, in_flight[1])
         self.last_publish_s = time.perf_counter() - t0
 
     def close(self) -> None:

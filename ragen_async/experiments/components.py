@@ -1,0 +1,283 @@
+"""Component benchmarks: each of the project's data-plane paths against a raw baseline moving the same
+bytes in the same run (``ragen-async bench transport`` and ``ragen-async bench weights``).
+
+* **Transport.** A sender process pushes distinct trajectory groups through the project's path
+  (``codec.encode`` + signing + ``ZmqSender`` → ``ZmqReceiver`` + verify + decode + validate) and,
+  separately, the already-encoded frames of the same groups through a bare PUSH/PULL pair
+  (``send_multipart`` / ``recv_multipart(copy=False)``). The clock runs on the receiver, from the
+  sender's start signal to the last message received.
+* **Weight sync.** One receiver process joins the gloo weight group. Each repetition is timed on the
+  publisher until a barrier after the receiver finished: the project's ``GlooBroadcastPublisher.publish``
+  (header, packing into buckets) with ``receive_weights`` (check, unpack) on the other side, vs one raw
+  ``broadcast`` of a flat buffer holding the same number of bytes in the same process group.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import secrets
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ragen_async.protocol import NO_VERSION, Trajectory, TrajectoryGroup, TurnRecord
+
+
+@dataclass(frozen=True)
+class GroupShape:
+    """The size of a synthetic trajectory group."""
+
+    name: str
+    trajectories: int
+    prompt_tokens: int
+    turns: int
+    reply_tokens: int
+    feedback_tokens: int
+
+    @property
+    def tokens_per_trajectory(self) -> int:
+        return self.prompt_tokens + self.turns * (self.reply_tokens + self.feedback_tokens)
+
+
+SOKOBAN = GroupShape("Sokoban, 8 x 5 turns", 8, prompt_tokens=300, turns=5, reply_tokens=30, feedback_tokens=60)
+"""Like the tiny model's Sokoban groups (about 600 tokens per episode, docs/benchmarks.md's step profile)."""
+PAPER = GroupShape("paper-sized, 8 x 4,000 tokens", 8, prompt_tokens=500, turns=5, reply_tokens=400,
+                   feedback_tokens=300)
+"""RAGEN-scale episodes: 4,000 tokens each."""
+
+
+def synthetic_group(shape: GroupShape, index: int, seed: int = 0) -> TrajectoryGroup:
+    """A valid group of ``shape`` whose contents are random (ids, log-probs, one version per reply)."""
+    rng = np.random.default_rng(seed * 1_000_003 + index)
+    group_id = f"bench-{index:08d}"
+    trajs = []
+    for i in range(shape.trajectories):
+        n = shape.tokens_per_trajectory
+        ids = rng.integers(0, 150_000, n, dtype=np.int32)
+        mask = np.zeros(n, np.int8)
+        logprobs = np.zeros(n, np.float32)
+        versions = np.full(n, NO_VERSION, np.int32)
+        turns = []
+        at = shape.prompt_tokens
+        for _ in range(shape.turns):
+            reply = slice(at, at + shape.reply_tokens)
+            mask[reply] = 1
+            logprobs[reply] = -rng.random(shape.reply_tokens, dtype=np.float32) * 3
+            versions[reply] = index
+            turns.append(TurnRecord(reward=-0.1, actions=("Up",), num_dropped_actions=0, format_ok=True,
+                                    policy_version=index, end_policy_version=index,
+                                    response_tokens=shape.reply_tokens, generate_s=0.1, env_step_s=0.001))
+            at += shape.reply_tokens + shape.feedback_tokens
+        trajs.append(Trajectory(traj_id=f"{group_id}/t{i}", env_tag="SimpleSokoban", seed=index, group_id=group_id,
+                                token_ids=ids, loss_mask=mask, behaviour_logprobs=logprobs, token_versions=versions,
+                                turns=tuple(turns), format_penalty=0.0, success=False))
+    return TrajectoryGroup(group_id=group_id, index=index, env_tag="SimpleSokoban", seed=index,
+                           trajectories=tuple(trajs), worker_id="bench")
+
+
+# ---- transport -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TransportRow:
+    shape: str
+    path: str
+    groups: int
+    mb_per_group: float
+    seconds: float
+
+    @property
+    def groups_per_s(self) -> float:
+        return self.groups / self.seconds
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.groups * self.mb_per_group / self.seconds
+
+
+def _transport_sender(path: str, address: str, secret: bytes, shape: GroupShape, n: int,
+                      ready, go) -> None:  # noqa: ANN001 - multiprocessing events
+    import zmq
+
+    from ragen_async.transport.codec import encode
+    from ragen_async.transport.zmq_transport import ZmqSender
+
+    groups = [synthetic_group(shape, i) for i in range(n)]
+    if path == "project":
+        sender = ZmqSender(address, secret, send_timeout_s=120)
+        ready.set()
+        go.wait()
+        for g in groups:
+            sender.send(g)
+        sender.close()
+    else:
+        frames = [encode(g, secret) for g in groups]
+        sock = zmq.Context.instance().socket(zmq.PUSH)
+        sock.setsockopt(zmq.SNDHWM, 8)
+        sock.setsockopt(zmq.LINGER, 5000)
+        sock.connect(address)
+        ready.set()
+        go.wait()
+        for f in frames:
+            sock.send_multipart(f, copy=False)
+        sock.close()
+
+
+def _transport_run(path: str, shape: GroupShape, n: int) -> TransportRow:
+    import zmq
+
+    from ragen_async.transport.codec import encode
+    from ragen_async.transport.zmq_transport import ZmqReceiver
+
+    secret = secrets.token_bytes(32)
+    mb = sum(len(memoryview(f)) for f in encode(synthetic_group(shape, 0), secret)) / 1e6
+    ctx = mp.get_context("spawn")
+    ready, go = ctx.Event(), ctx.Event()
+    if path == "project":
+        receiver = ZmqReceiver.bind(secret, expected=TrajectoryGroup, max_message_bytes=1 << 30)
+        address = receiver.address
+    else:
+        sock = zmq.Context.instance().socket(zmq.PULL)
+        sock.setsockopt(zmq.RCVHWM, 8)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind("tcp://127.0.0.1:*")
+        address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    proc = ctx.Process(target=_transport_sender, args=(path, address, secret, shape, n, ready, go), daemon=True)
+    proc.start()
+    if not ready.wait(120):
+        raise RuntimeError("transport benchmark: the sender process did not start within 120 s")
+    t0 = time.perf_counter()
+    go.set()
+    for i in range(n):
+        if path == "project":
+            msg = receiver.receive(timeout_s=60)
+            if msg is None or msg.index != i:
+                raise RuntimeError(f"transport benchmark: expected group {i}, got {msg!r:.80}")
+        else:
+            if not sock.poll(60_000):
+                raise RuntimeError(f"transport benchmark: raw group {i} did not arrive within 60 s")
+            sock.recv_multipart(copy=False)
+    seconds = time.perf_counter() - t0
+    proc.join(30)
+    (receiver if path == "project" else sock).close()
+    return TransportRow(shape.name, path, n, mb, seconds)
+
+
+def bench_transport(groups: dict[GroupShape, int], repeats: int = 3) -> list[TransportRow]:
+    """Project path and raw PUSH/PULL, alternating, ``repeats`` times per shape; every run is returned."""
+    rows = []
+    for shape, n in groups.items():
+        for _ in range(repeats):
+            for path in ("project", "raw"):
+                rows.append(_transport_run(path, shape, n))
+    return rows
+
+
+def format_transport(rows: list[TransportRow]) -> str:
+    lines = ["| groups | MB per group | project MB/s | project groups/s | raw ZeroMQ MB/s | project / raw |",
+             "|---|---|---|---|---|---|"]
+    for shape in dict.fromkeys(r.shape for r in rows):
+        project = [r for r in rows if r.shape == shape and r.path == "project"]
+        raw = [r for r in rows if r.shape == shape and r.path == "raw"]
+        p = statistics.median(r.mb_per_s for r in project)
+        q = statistics.median(r.mb_per_s for r in raw)
+        lines.append(f"| {shape} ({project[0].groups} per run) | {project[0].mb_per_group:.3f} | {p:,.0f} | "
+                     f"{statistics.median(r.groups_per_s for r in project):,.0f} | {q:,.0f} | {p / q:.2f} |")
+    return "\n".join(lines)
+
+
+# ---- weight sync -----------------------------------------------------------------------------
+
+
+def tiny_model_tensors(path: str) -> list[tuple[str, torch.Tensor]]:  # noqa: F821
+    from safetensors.torch import load_file
+
+    return list(load_file(f"{path}/model.safetensors").items())
+
+
+def synthetic_qwen_tensors(hidden: int = 896, layers: int = 24, intermediate: int = 4864, vocab: int = 151_936,
+                           kv_dim: int = 128) -> list[tuple[str, torch.Tensor]]:  # noqa: F821
+    """Qwen2.5-0.5B's tensor shapes (about 0.49 B parameters) in bf16, zero-filled."""
+    import torch
+
+    shapes = [("model.embed_tokens.weight", (vocab, hidden))]
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes += [(p + "self_attn.q_proj.weight", (hidden, hidden)), (p + "self_attn.q_proj.bias", (hidden,)),
+                   (p + "self_attn.k_proj.weight", (kv_dim, hidden)), (p + "self_attn.k_proj.bias", (kv_dim,)),
+                   (p + "self_attn.v_proj.weight", (kv_dim, hidden)), (p + "self_attn.v_proj.bias", (kv_dim,)),
+                   (p + "self_attn.o_proj.weight", (hidden, hidden)),
+                   (p + "mlp.gate_proj.weight", (intermediate, hidden)), (p + "mlp.up_proj.weight", (intermediate, hidden)),
+                   (p + "mlp.down_proj.weight", (hidden, intermediate)),
+                   (p + "input_layernorm.weight", (hidden,)), (p + "post_attention_layernorm.weight", (hidden,))]
+    shapes.append(("model.norm.weight", (hidden,)))
+    return [(name, torch.zeros(shape, dtype=torch.bfloat16)) for name, shape in shapes]
+
+
+def _weights_receiver(address: str, port: int, manifest, total_bytes: int, repeats: int) -> None:  # noqa: ANN001
+    import datetime as dt
+
+    import torch
+
+    from ragen_async.weight_sync.gloo import broadcast, open_group, receive_weights
+
+    pg = open_group(address, port, 2, 1, 120.0)
+    for r in range(repeats):
+        receive_weights(pg, manifest, r, 120.0, "bench receiver")
+        pg.barrier().wait(dt.timedelta(seconds=120))
+    raw = torch.empty(total_bytes, dtype=torch.uint8)
+    for _ in range(repeats):
+        broadcast(pg, raw, 120.0, "bench receiver: raw")
+        pg.barrier().wait(dt.timedelta(seconds=120))
+
+
+@dataclass(frozen=True)
+class WeightsRow:
+    name: str
+    megabytes: float
+    project_s: list[float]
+    raw_s: list[float]
+
+
+def bench_weights_one(name: str, named: list, repeats: int = 5) -> WeightsRow:
+    import datetime as dt
+
+    import torch
+
+    from ragen_async.weight_sync import GlooBroadcastPublisher
+    from ragen_async.weight_sync.gloo import broadcast
+
+    total = sum(t.numel() * t.element_size() for _, t in named)
+    pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=120)
+    manifest = pub.manifest(named)
+    ctx = mp.get_context("spawn")
+    proc = ctx.Process(target=_weights_receiver, args=(pub.master_address, pub.master_port, manifest, total, repeats),
+                       daemon=True)
+    proc.start()
+    pub.connect()
+    pg = pub._pg
+
+    def timed(fn) -> float:  # noqa: ANN001
+        t0 = time.perf_counter()
+        fn()
+        pg.barrier().wait(dt.timedelta(seconds=120))
+        return time.perf_counter() - t0
+
+    project = [timed(lambda r=r: pub.publish(named, version=r)) for r in range(repeats)]
+    flat = torch.zeros(total, dtype=torch.uint8)
+    raw = [timed(lambda: broadcast(pg, flat, 120.0, "bench: raw")) for _ in range(repeats)]
+    proc.join(60)
+    pub.close()
+    return WeightsRow(name, total / 1e6, project, raw)
+
+
+def format_weights(rows: list[WeightsRow]) -> str:
+    lines = ["| tensors | MB | project publish + receive, median s | raw broadcast, median s | "
+             "project MB/s | raw MB/s | project / raw (throughput) |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        p, q = statistics.median(r.project_s), statistics.median(r.raw_s)
+        lines.append(f"| {r.name} | {r.megabytes:,.1f} | {p:.4f} | {q:.4f} | {r.megabytes / p:,.0f} | "
+                     f"{r.megabytes / q:,.0f} | {q / p:.2f} |")
+    return "\n".join(lines)

@@ -1,0 +1,55 @@
+"""The component benchmarks run end to end on small inputs (they measure; nothing here times them)."""
+
+import torch
+
+from ragen_async.experiments.components import (
+    SOKOBAN,
+    GroupShape,
+    bench_transport,
+    bench_weights_one,
+    format_transport,
+    format_weights,
+    synthetic_group,
+)
+from ragen_async.weight_sync.base import make_manifest, pack_bucket, plan_buckets
+
+
+def test_synthetic_groups_are_valid_and_sized():
+    group = synthetic_group(SOKOBAN, 3)
+    assert len(group.trajectories) == 8 and group.index == 3
+    for traj in group.trajectories:
+        traj.validate()
+        assert len(traj.token_ids) == SOKOBAN.tokens_per_trajectory
+        assert int(traj.loss_mask.sum()) == SOKOBAN.turns * SOKOBAN.reply_tokens
+
+
+def test_transport_bench_moves_every_group_on_both_paths():
+    small = GroupShape("small", 2, prompt_tokens=10, turns=2, reply_tokens=3, feedback_tokens=4)
+    rows = bench_transport({small: 20}, repeats=1)
+    assert [(r.path, r.groups) for r in rows] == [("project", 20), ("raw", 20)]
+    assert all(r.seconds > 0 and r.mb_per_group > 0 for r in rows)
+    assert "| small (20 per run) |" in format_transport(rows)
+
+
+def test_weights_bench_syncs_both_ways():
+    named = [("a", torch.randn(64, 32)), ("b", torch.randn(100).to(torch.bfloat16)), ("c", torch.randn(7))]
+    row = bench_weights_one("small", named, repeats=2)
+    assert len(row.project_s) == len(row.raw_s) == 2
+    assert row.megabytes == (64 * 32 * 4 + 100 * 2 + 7 * 4) / 1e6
+    assert "| small |" in format_weights([row])
+
+
+def test_pack_bucket_sends_a_lone_tensor_without_copying_and_reuses_buffers():
+    lone = torch.randn(1000)
+    pair = [torch.randn(10), torch.randn(20)]
+    tensors = [lone, *pair]
+    manifest = make_manifest([("lone", lone), ("x", pair[0]), ("y", pair[1])])
+    big, small = plan_buckets(manifest, bucket_bytes=1000)
+    assert big.indices == (0,) and small.indices == (1, 2)
+    view = pack_bucket(big, tensors)
+    assert view.data_ptr() == lone.data_ptr() and view.dtype == torch.uint8
+    first = pack_bucket(small, tensors)
+    pair[0].add_(1.0)
+    again = pack_bucket(small, tensors, out=first)
+    assert again.data_ptr() == first.data_ptr()
+    assert torch.equal(again.view(torch.float32)[:10], pair[0])
