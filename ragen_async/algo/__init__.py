@@ -18,7 +18,13 @@ from ragen_async.algo.advantages import (
     scores_to_token_rewards,
 )
 from ragen_async.algo.aggregation import LOSS_AGG_MODES, LossAggMode, aggregate_loss
-from ragen_async.algo.diagnostics import approx_kl_k3, bucket_by, explained_variance, masked_mean_by_bucket
+from ragen_async.algo.diagnostics import (
+    LAG_SUMS,
+    approx_kl_k3,
+    explained_variance,
+    lag_metrics,
+    lag_sums,
+)
 from ragen_async.algo.filtering import FILTER_MODES, FilterMode, select_groups_by_reward_std
 from ragen_async.algo.losses import (
     KL_TYPES,
@@ -58,7 +64,6 @@ __all__ = [
     "aggregate_loss",
     "approx_kl_k3",
     "broadcast_to_tokens",
-    "bucket_by",
     "compute_gae",
     "entropy_from_logits",
     "explained_variance",
@@ -67,7 +72,9 @@ __all__ = [
     "kl_estimate",
     "logprobs_from_logits",
     "masked_mean",
-    "masked_mean_by_bucket",
+    "LAG_SUMS",
+    "lag_sums",
+    "lag_metrics",
     "masked_moments",
     "masked_sum",
     "masked_var",

@@ -1,4 +1,4 @@
-"""Training-health diagnostics: explained variance, k3 KL, and per-bucket means (e.g. by staleness).
+"""Training-health diagnostics: explained variance, k3 KL, and stability by staleness lag.
 
 All functions are side-effect free, return tensors (no ``.item()``) and run under ``torch.no_grad``.
 """
@@ -11,7 +11,7 @@ from torch import Tensor
 from ragen_async.algo.losses import kl_estimate
 from ragen_async.algo.masked import masked_mean, masked_var
 
-__all__ = ["explained_variance", "approx_kl_k3", "bucket_by", "masked_mean_by_bucket"]
+__all__ = ["explained_variance", "approx_kl_k3", "LAG_SUMS", "lag_sums", "lag_metrics"]
 
 
 @torch.no_grad()
@@ -50,52 +50,77 @@ def approx_kl_k3(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor
     return masked_mean(kl_estimate(logp, ref, "k3"), mask.to(logprobs.dtype))
 
 
+LAG_SUMS = ("tokens", "k3", "is_w", "is_w2", "outside_clip", "abs_adv", "trajectories", "reward", "success")
+"""The per-staleness-bucket sums :func:`lag_sums` returns (rows of its [len(LAG_SUMS), K] tensor)."""
+
+
 @torch.no_grad()
-def bucket_by(
-    values: Tensor,
-    keys: Tensor,
+def lag_sums(
+    mask: Tensor,
+    staleness: Tensor,
+    behaviour_logprobs: Tensor,
+    learner_logprobs: Tensor,
+    advantages: Tensor,
+    rewards: Tensor,
+    successes: Tensor,
     num_buckets: int,
-    weights: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Weighted mean of ``values`` per integer key, without a Python loop.
+    clip_low: float,
+    clip_high: float,
+) -> Tensor:
+    """Sums, per staleness bucket, from which :func:`lag_metrics` derives the stability-by-lag metrics.
 
-    Args:
-        values: [N].
-        keys: [N] integer bucket ids. Keys >= ``num_buckets`` go to the last bucket (an overflow bucket
-            "K-1 or more", natural for staleness) and negative keys to bucket 0.
-        num_buckets: K.
-        weights: optional [N] 0/1 (or non-negative) weights; default 1. Zero-weight entries are ignored
-            even if their value is NaN.
-
-    Returns:
-        ``(means [K], counts [K])``: ``counts`` is the summed weight per bucket; ``means`` is 0 for empty
-        buckets. To combine across ranks, all-reduce ``means * counts`` and ``counts``.
+    Token rows (``mask``, ``staleness`` [B, T]: trained tokens and each one's lag in learner steps) go to
+    the bucket of their own lag; trajectory rows (``rewards``, ``successes`` [B]) to the bucket of their
+    oldest trained token. Lags >= ``num_buckets - 1`` share the last bucket. The importance weight of a
+    token is ``exp(learner - behaviour)`` (the learner's log-prob before this step's update); it is
+    *outside the clip* when it leaves ``[1 - clip_low, 1 + clip_high]``. Sums, not means, so ranks can
+    all-reduce them. Returns float64 [len(LAG_SUMS), K].
     """
-    dtype = values.dtype if values.is_floating_point() else torch.get_default_dtype()
-    w = torch.ones_like(values, dtype=dtype) if weights is None else weights.to(dtype)
-    idx = keys.long().clamp(0, num_buckets - 1)
-    zero = torch.zeros((), dtype=dtype, device=values.device)
-    contrib = torch.where(w != 0, values.to(dtype) * w, zero)
-    zeros = torch.zeros(num_buckets, dtype=dtype, device=values.device)
-    sums = zeros.index_add(0, idx, contrib)
-    counts = zeros.index_add(0, idx, w)
-    return sums / counts.clamp(min=1e-8), counts
+    trained = mask > 0
+    m = trained.double()
+    idx = staleness.long().clamp(0, num_buckets - 1)
+    log_ratio = torch.where(trained, (learner_logprobs - behaviour_logprobs).double(), 0.0).clamp(-20.0, 20.0)
+    w = log_ratio.exp()
+    k3 = w - 1.0 - log_ratio  # k3 estimate of KL(behaviour || learner) from behaviour's samples
+    outside = ((w < 1.0 - clip_low) | (w > 1.0 + clip_high)).double()
+    abs_adv = torch.where(trained, advantages.double().abs(), 0.0)
+    token_rows = [m, k3 * m, w * m, w * w * m, outside * m, abs_adv]
+    out = torch.zeros(len(LAG_SUMS), num_buckets, dtype=torch.float64, device=mask.device)
+    flat_idx = idx.reshape(-1)
+    for r, values in enumerate(token_rows):
+        out[r].index_add_(0, flat_idx, values.reshape(-1))
+    has_tokens = trained.any(dim=1)
+    oldest = torch.where(trained, idx, torch.zeros_like(idx)).amax(dim=1)
+    t = has_tokens.double()
+    for r, values in zip(range(6, 9), (t, rewards.double() * t, successes.double() * t), strict=True):
+        out[r].index_add_(0, oldest, values)
+    return out
 
 
-@torch.no_grad()
-def masked_mean_by_bucket(x: Tensor, mask: Tensor, bucket: Tensor, num_buckets: int) -> tuple[Tensor, Tensor]:
-    """Masked token mean of ``x`` per bucket, e.g. behaviour/learner k3 KL by trajectory staleness.
-
-    Args:
-        x: [B, T] per-token values.
-        mask: [B, T] 0/1.
-        bucket: [B, T] or [B] (one bucket per trajectory, e.g. ``policy_version`` lag) int ids; clamped into
-            ``[0, num_buckets)`` as :func:`bucket_by`.
-        num_buckets: K.
-
-    Returns:
-        ``(means [K], counts [K])`` with counts = masked tokens per bucket.
-    """
-    if bucket.dim() == 1:
-        bucket = bucket.unsqueeze(1).expand_as(x)
-    return bucket_by(x.reshape(-1), bucket.reshape(-1), num_buckets, weights=mask.reshape(-1))
+def lag_metrics(sums: list[list[float]], prefix: str = "lag") -> dict[str, float]:
+    """``{prefix}/{s}/...`` per bucket from :func:`lag_sums`'s rows (summed over ranks, as host lists;
+    the last bucket is named ``{K-1}+``): ``tokens`` and
+    ``trajectories`` always (0 marks an empty bucket, so every step logs every bucket); where the bucket
+    holds tokens, ``k3_kl`` (behaviour vs learner), ``is_ess`` (the importance weights' effective sample
+    size over the token count, 1 = no mismatch), ``is_outside_clip`` (share of tokens whose weight leaves
+    the clip range) and ``adv_share`` (share of the step's summed |advantage|); where it holds
+    trajectories, their mean ``reward`` and ``success``."""
+    rows = dict(zip(LAG_SUMS, sums, strict=True))
+    total_adv = sum(rows["abs_adv"])
+    out: dict[str, float] = {}
+    last = len(rows["tokens"]) - 1
+    for s in range(len(rows["tokens"])):
+        key = f"{prefix}/{s}{'+' if s == last else ''}"
+        n, n_traj = rows["tokens"][s], rows["trajectories"][s]
+        out[f"{key}/tokens"] = n
+        out[f"{key}/trajectories"] = n_traj
+        if n > 0:
+            out[f"{key}/k3_kl"] = rows["k3"][s] / n
+            w2 = rows["is_w2"][s]
+            out[f"{key}/is_ess"] = rows["is_w"][s] ** 2 / (w2 * n) if w2 > 0 else 0.0
+            out[f"{key}/is_outside_clip"] = rows["outside_clip"][s] / n
+            out[f"{key}/adv_share"] = rows["abs_adv"][s] / total_adv if total_adv > 0 else 0.0
+        if n_traj > 0:
+            out[f"{key}/reward"] = rows["reward"][s] / n_traj
+            out[f"{key}/success"] = rows["success"][s] / n_traj
+    return out

@@ -30,6 +30,8 @@ class TokenBatch:
     """[B] raw trajectory scores."""
     normalized_scores: torch.Tensor
     """[B] group-normalised scores."""
+    successes: torch.Tensor
+    """[B] float 0/1: the episode solved its task."""
     lengths: np.ndarray
     """host [B] int64: tokens per row (the row sums of ``attention_mask``)."""
     trained: np.ndarray
@@ -96,6 +98,7 @@ def collate(trajectories: tuple[Trajectory, ...] | list[Trajectory], scores: np.
         token_versions=dev(versions),
         scores=dev(np.asarray(scores, dtype=np.float32)),
         normalized_scores=dev(np.asarray(normalized_scores, dtype=np.float32)),
+        successes=dev(np.array([float(t.success) for t in trajectories], dtype=np.float32)),
         lengths=np.array([t.num_tokens for t in trajectories], dtype=np.int64),
         trained=loss_mask > 0,
     )

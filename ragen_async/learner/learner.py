@@ -295,17 +295,18 @@ class Learner:
                     sums[k] += v
                 n_steps += 1
         t4 = time.perf_counter()
-        num_buckets = 9
-        on_device.update(self._mismatch_metrics(batch, old_logprobs, shard.learner_version, num_buckets))
+        on_device["mismatch/k3_kl"] = algo.masked_mean(
+            algo.kl_estimate(batch.behaviour_logprobs, old_logprobs, "k3"), batch.loss_mask)
+        lag_sums = self._lag_sums(batch, old_logprobs, advantages, shard.learner_version)
+        on_device.update({f"_lag/{i}": v for i, v in enumerate(lag_sums.flatten().unbind())})
         averaged = {k: v / n_steps for k, v in sums.items()}
         on_device.update({k: v for k, v in averaged.items() if isinstance(v, torch.Tensor)})
         metrics = self._to_host(on_device)
         metrics.update({k: v for k, v in averaged.items() if not isinstance(v, torch.Tensor)})
         if math.isnan(metrics.get("critic/vf_explained_var", 0.0)):
             del metrics["critic/vf_explained_var"]
-        for s in range(num_buckets):  # only the staleness buckets that hold tokens
-            if not metrics.pop(f"mismatch/tokens_staleness_{s}") > 0:
-                del metrics[f"mismatch/k3_kl_staleness_{s}"]
+        flat, k = [metrics.pop(f"_lag/{i}") for i in range(lag_sums.numel())], self.LAG_BUCKETS
+        metrics.update(algo.lag_metrics([flat[r * k:(r + 1) * k] for r in range(len(algo.LAG_SUMS))]))
         metrics.update({"timing/learner_collate_s": t1 - t0, "timing/learner_recompute_s": t2 - t1,
                         "timing/learner_advantages_s": t3 - t2, "timing/learner_update_s": t4 - t3})
         metrics["actor/skipped_steps"] = float(self.skipped_steps)
@@ -401,20 +402,20 @@ class Learner:
             return model.no_sync()
         return contextlib.nullcontext()
 
-    @staticmethod
-    def _mismatch_metrics(batch: TokenBatch, old_logprobs: torch.Tensor, learner_version: int,
-                          num_buckets: int = 9) -> dict[str, torch.Tensor]:
-        """Behaviour (engine) vs learner k3 KL overall and bucketed by token staleness (device
-        tensors; ``mismatch/tokens_staleness_{s}`` is each bucket's token count)."""
-        mask = batch.loss_mask
-        k3 = algo.kl_estimate(batch.behaviour_logprobs, old_logprobs, "k3")
+    LAG_BUCKETS = 9
+    """Staleness buckets of the stability-by-lag metrics: lags 0..7 and "8 or more"."""
+
+    def _lag_sums(self, batch: TokenBatch, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                  learner_version: int) -> torch.Tensor:
+        """The sums behind the stability-by-lag metrics (``algo.lag_sums``) over the whole step's
+        batch, all ranks' combined, so every rank reports the same values."""
         staleness = (learner_version - batch.token_versions).clamp(min=0)
-        means, counts = algo.masked_mean_by_bucket(k3, mask, staleness.clamp(max=num_buckets - 1), num_buckets)
-        out = {"mismatch/k3_kl": algo.masked_mean(k3, mask)}
-        for s in range(num_buckets):
-            out[f"mismatch/k3_kl_staleness_{s}"] = means[s]
-            out[f"mismatch/tokens_staleness_{s}"] = counts[s]
-        return out
+        sums = algo.lag_sums(batch.loss_mask, staleness, batch.behaviour_logprobs, old_logprobs, advantages,
+                             batch.scores, batch.successes, self.LAG_BUCKETS,
+                             self.algo_cfg.clip_eps_low, self.algo_cfg.clip_eps_high)
+        if self.distributed:
+            dist.all_reduce(sums)
+        return sums
 
     @torch.no_grad()
     def probe_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:

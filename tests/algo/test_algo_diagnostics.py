@@ -1,12 +1,11 @@
-"""Diagnostics: explained variance, k3 KL, bucketed means."""
+"""Diagnostics: explained variance, k3 KL, stability by staleness lag."""
 
 import math
 
 import pytest
 import torch
-from torch.testing import assert_close
 
-from ragen_async.algo.diagnostics import approx_kl_k3, bucket_by, explained_variance, masked_mean_by_bucket
+from ragen_async.algo.diagnostics import approx_kl_k3, explained_variance, lag_metrics, lag_sums
 
 
 def test_explained_variance_by_hand() -> None:
@@ -28,41 +27,28 @@ def test_approx_kl_k3_by_hand() -> None:
     assert approx_kl_k3(logp, ref, mask).item() == pytest.approx((0.5 + math.log(2.0) - 1.0) / 2)
 
 
-def test_bucket_by_by_hand() -> None:
-    values = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
-    keys = torch.tensor([0, 1, 0, 5, -1])  # 5 -> overflow bucket 2; -1 -> bucket 0
-    means, counts = bucket_by(values, keys, 3)
-    # bucket 0: (1 + 3 + 5) / 3 = 3; bucket 1: 2; bucket 2: 4
-    assert_close(means, torch.tensor([3.0, 2.0, 4.0]))
-    assert_close(counts, torch.tensor([3.0, 1.0, 1.0]))
-    means, counts = bucket_by(values, keys, 4, weights=torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0]))
-    # bucket 0: (1 + 5) / 2 = 3; bucket 2 is empty -> 0; bucket 3: 4
-    assert_close(means, torch.tensor([3.0, 2.0, 0.0, 4.0]))
-    assert_close(counts, torch.tensor([2.0, 1.0, 0.0, 1.0]))
-
-
-@pytest.mark.parametrize("per_row", [True, False])
-def test_masked_mean_by_bucket_matches_loop(per_row: bool) -> None:
-    gen = torch.Generator().manual_seed(14)
-    batch, length, num_buckets = 6, 7, 4
-    x = torch.randn(batch, length, generator=gen, dtype=torch.float64)
-    mask = (torch.rand(batch, length, generator=gen) < 0.6).to(torch.float64)
-    x = torch.where(mask.bool(), x, torch.full_like(x, float("nan")))  # padding garbage must not leak
-    if per_row:
-        bucket = torch.randint(0, 6, (batch,), generator=gen)  # staleness per trajectory; >= 4 overflows
-        token_bucket = bucket[:, None].expand(batch, length)
-    else:
-        bucket = torch.randint(0, 6, (batch, length), generator=gen)
-        token_bucket = bucket
-    means, counts = masked_mean_by_bucket(x, mask, bucket, num_buckets)
-    sums = [0.0] * num_buckets
-    ref_counts = [0.0] * num_buckets
-    for b in range(batch):
-        for t in range(length):
-            if mask[b, t].item() == 1.0:
-                k = min(int(token_bucket[b, t].item()), num_buckets - 1)
-                sums[k] += x[b, t].item()
-                ref_counts[k] += 1.0
-    ref_means = [s / c if c > 0 else 0.0 for s, c in zip(sums, ref_counts, strict=True)]
-    assert_close(means, torch.tensor(ref_means, dtype=torch.float64))
-    assert_close(counts, torch.tensor(ref_counts, dtype=torch.float64))
+def test_lag_metrics_by_hand() -> None:
+    nan = float("nan")
+    # Row 0: two trained tokens at lag 0 and one at lag 1 (its oldest: lag 1); row 1: two tokens at
+    # lag 5 (>= 3: the overflow bucket "3+"); row 2: no trained token (padding garbage must not leak).
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [0.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    staleness = torch.tensor([[0, 0, 1, 0], [5, 5, 5, 5], [2, 2, 2, 2]])
+    behaviour = torch.tensor([[-1.0, -1.0, -2.0, nan], [nan, -1.0, -1.0, nan], [nan] * 4])
+    learner = torch.tensor([[-1.0, -1.0 + math.log(2.0), -2.0, 0.0], [0.0, -1.0, -1.0, 0.0], [0.0] * 4])
+    advantages = torch.tensor([[1.0, -1.0, 2.0, nan], [0.0, 4.0, 0.0, nan], [nan] * 4])
+    rewards, successes = torch.tensor([3.0, -1.0, 9.0]), torch.tensor([1.0, 0.0, 1.0])
+    sums = lag_sums(mask, staleness, behaviour, learner, advantages, rewards, successes, 4, 0.2, 0.28)
+    out = lag_metrics(sums.tolist())
+    # Lag 0: weights 1 and 2 -> ESS (3^2 / 5) / 2 = 0.9; weight 2 leaves [0.8, 1.28]: 1 of 2 outside;
+    # k3 of weight 2: 2 - 1 - ln 2 (as algo.kl_estimate(behaviour, learner, 'k3')).  |A| shares: lag 0 2/8, lag 1 2/8, lag 3+ 4/8.
+    assert out["lag/0/tokens"] == 2 and out["lag/0/is_ess"] == pytest.approx(0.9)
+    assert out["lag/0/is_outside_clip"] == 0.5
+    assert out["lag/0/k3_kl"] == pytest.approx((2.0 - 1.0 - math.log(2.0)) / 2)
+    assert [out[f"lag/{s}/adv_share"] for s in ("0", "1", "3+")] == [0.25, 0.25, 0.5]
+    # Trajectories go to the bucket of their oldest trained token; the empty bucket 2 logs zeros only.
+    assert out["lag/0/trajectories"] == 0 and "lag/0/reward" not in out
+    assert out["lag/1/trajectories"] == 1 and out["lag/1/reward"] == 3.0 and out["lag/1/success"] == 1.0
+    assert out["lag/3+/trajectories"] == 1 and out["lag/3+/reward"] == -1.0 and out["lag/3+/success"] == 0.0
+    assert out["lag/3+/is_ess"] == 1.0 and out["lag/3+/k3_kl"] == 0.0
+    assert {k: v for k, v in out.items() if k.startswith("lag/2/")} == {"lag/2/tokens": 0.0, "lag/2/trajectories": 0.0}
+    assert all(math.isfinite(v) for v in out.values())
