@@ -3,16 +3,19 @@
 ``write_report(paths, out)`` reads the ``metrics.jsonl`` of every run it finds under ``paths`` (run
 directories, sweep directories, or folders holding either) and writes into ``out``:
 
-* ``report.md``: an overview table (one row per run), then a table per run: final and best
+* ``report.md``: an overview table (one row per run); the cells (runs that differ only in their seed, pooled: mean ± 95 % interval of final and best
+  validation success, throughput, staleness, the share of runs that collapsed and the lead time of each
+  early-warning signal; definitions in :mod:`.study`); then a table per run: final and best
   validation success per environment, the step validation first reached the threshold, staleness,
   the collapse indicators (largest gradient norm, smallest entropy, in-group reward std early vs
   late), the behaviour/learner k3 mismatch and the mean step time;
-* ``summary.csv``: the overview as numbers, for further analysis;
+* ``summary.csv``: the overview as numbers (collapse step and lead times included), for further analysis;
 * ``curves_*.png``: validation success, rollout reward, in-group reward std, entropy, gradient norm
   and mean staleness against the learner step, one line per run, coloured by ``max_staleness`` (solid
   = bounded, dashed = fixed lag);
 * ``staleness_stability.png``: final validation success and largest gradient norm against k, one
-  marker shape per off-policy correction.
+  marker shape per off-policy correction, each (k, correction, lag) as its mean over seeds with a 95 %
+  interval.
 
 Runs may be of different lengths, still running (a half-written last line is skipped with a
 warning), resumed (a replayed step keeps its latest record), or missing any metric (shown as —).
@@ -32,8 +35,13 @@ from typing import Any
 import numpy as np
 import yaml
 
+from ragen_async.experiments import study
+
 STEP = "learner/step"
 MISSING = "—"
+CELL_IGNORED = frozenset({"seed", "rollout.seed", "learner.seed", "name", "run_root", "model.path"})
+"""Config keys that do not define a study cell (which runs are seeds of each other)."""
+CELL_IGNORED_PREFIXES = ("logging.",)
 
 
 class ReportError(ValueError):
@@ -150,6 +158,17 @@ class RunData:
     @property
     def seed(self) -> Any:
         return _lookup(self.config, "seed")
+
+    @property
+    def cell(self) -> dict[str, str]:
+        """Flattened config without the seed and the keys that name, place or log a run."""
+        if not self.config:
+            return {}
+        import pandas as pd
+
+        flat = pd.json_normalize(self.config, sep=".").iloc[0].to_dict()
+        return {k: str(v) for k, v in sorted(flat.items())
+                if k not in CELL_IGNORED and not k.startswith(CELL_IGNORED_PREFIXES)}
 
     @property
     def total_steps(self) -> int | None:
@@ -299,6 +318,12 @@ class RunSummary:
     reward_std_last: float
     k3_mismatch: float
     step_time: float
+    tokens_per_s: float = math.nan
+    collapse: study.Collapse = study.Collapse(False, None, math.nan, None)
+    lead: dict[str, int | None] = field(default_factory=dict)
+    """Per early-warning signal, steps from its first firing to the collapse (``study.lead_times``)."""
+    cell: dict[str, str] = field(default_factory=dict)
+    """The run's settings other than its seed (flattened config): runs with equal cells are seeds of one cell."""
 
     @property
     def k_label(self) -> str:
@@ -334,6 +359,7 @@ def _early_late(values: np.ndarray, fraction: float = 0.1) -> tuple[float, float
 
 
 def summarize(run: RunData, threshold: float = 0.9) -> RunSummary:
+    collapse = study.find_collapse(*run.val_success())
     envs = {tag: _validation(*run.series(f"val/{tag}/success", validation=True), threshold)
             for tag in run.val_envs}
     if not envs and run.series("val/success", validation=True)[0].size:
@@ -356,6 +382,10 @@ def summarize(run: RunData, threshold: float = 0.9) -> RunSummary:
         reward_std_first=std_first, reward_std_last=std_last,
         k3_mismatch=_nanmean(run.series("mismatch/k3_kl")[1]),
         step_time=_nanmean(run.series("timing/step_s")[1]),
+        tokens_per_s=_nanmean(run.series("throughput/tokens_per_s")[1]),
+        collapse=collapse,
+        lead=study.lead_times({sig: run.series(key) for sig, key in study.SIGNAL_KEYS.items()}, collapse),
+        cell=run.cell,
     )
 
 
@@ -440,12 +470,49 @@ def _csv_rows(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
             "best_val": s.best_val, "val_reached_at": s.reached_at, "staleness_mean": s.staleness_mean,
             "staleness_max": s.staleness_max, "grad_norm_max": s.grad_norm_max, "entropy_min": s.entropy_min,
             "reward_std_first": s.reward_std_first, "reward_std_last": s.reward_std_last,
-            "k3_mismatch": s.k3_mismatch, "step_time_s": s.step_time,
+            "k3_mismatch": s.k3_mismatch, "step_time_s": s.step_time, "tokens_per_s": s.tokens_per_s,
+            "collapsed": float(s.collapse.collapsed), "collapse_step": s.collapse.step,
+            **{f"lead_{sig}": s.lead.get(sig) for sig in study.SIGNALS},
         }
         for env, v in s.val.items():
             row[f"val_{env}_first"], row[f"val_{env}_final"], row[f"val_{env}_best"] = v.first, v.final, v.best
         rows.append(row)
     return rows
+
+
+CELL_VALUES = (("final_val", "final val", ".3f"), ("best_val", "best val", ".3f"),
+               ("tokens_per_s", "tokens/s", ".0f"), ("staleness_mean", "staleness mean", ".2f"),
+               ("collapsed", "collapsed (share)", ".2f"),
+               *((f"lead_{sig}", f"lead: {sig.replace('_', ' ')} (steps)", ".1f") for sig in study.SIGNALS))
+
+
+def _cells_section(summaries: Sequence[RunSummary]) -> list[str]:
+    """Seeds pooled: one row per cell with the mean ± 95 % interval of each statistic."""
+    import pandas as pd
+
+    known = [s for s in summaries if s.cell]
+    if not known:
+        return []
+    cells = pd.DataFrame([s.cell for s in known]).fillna(MISSING)
+    varying = [c for c in cells.columns if cells[c].nunique() > 1]
+    frame = pd.concat([cells[varying].reset_index(drop=True),
+                       pd.DataFrame(_csv_rows(known))[[c for c, _, _ in CELL_VALUES]].astype(float)], axis=1)
+    frame["_cell"] = cells.astype(str).agg("|".join, axis=1)
+    table = study.cell_table(frame, ["_cell", *varying], [c for c, _, _ in CELL_VALUES])
+    lines = ["## Cells (seeds pooled)", "",
+             "Runs whose settings differ only in their seed form a cell; mean ± 95 % interval "
+             "(t distribution) over the cell's runs, no interval with one run. Collapsed: validation success "
+             "fell below half its peak and stayed there (at least two validations). Lead: steps from a signal's "
+             "first firing to the collapse, over collapsed runs where it fired (in-group reward std below half "
+             "its running peak; entropy below half its start; a gradient norm above 3× the median of the "
+             "previous 5 steps; `ragen_async/experiments/study.py`).", ""]
+    header = [*(varying or ["cell"]), "runs", *(label for _, label, _ in CELL_VALUES)]
+    rows = []
+    for _, r in table.iterrows():
+        settings = [r[c] for c in varying] or ["all runs"]
+        rows.append([*settings, int(r["n"]),
+                     *(study.format_mean_ci(r[c], r[f"{c}_ci"], spec) for c, _, spec in CELL_VALUES)])
+    return [*lines, *_table(header, rows), ""]
 
 
 # ---------------------------------------------------------------------------- plots
@@ -557,7 +624,8 @@ def plot_curves(runs: Sequence[RunData], out: Path, smooth: int = 1) -> list[Pat
 
 
 def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path | None:
-    """Final validation success and largest gradient norm against k, a marker shape per correction."""
+    """Final validation success and largest gradient norm against k, a marker shape per correction:
+    every run as a point, and per (k, correction, lag) the mean over seeds with its 95 % interval."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
@@ -585,9 +653,10 @@ def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path |
             color = group_color[mode]
             ax.scatter(xs + offsets[group], ys, marker=MARKERS.get(mode, "D"), s=36, alpha=0.8,
                        facecolors="none" if fixed else color, edgecolors=color)
-            means = sorted((x, ys[xs == x].mean()) for x in np.unique(xs))
-            ax.plot([m[0] + offsets[group] for m in means], [m[1] for m in means], color=color,
-                    ls="--" if fixed else "-", lw=1, alpha=0.7)
+            cells = [(x, *study.interval(ys[xs == x].tolist())[:2]) for x in np.unique(xs)]
+            ax.errorbar([c[0] + offsets[group] for c in cells], [c[1] for c in cells],
+                        yerr=[0.0 if not math.isfinite(c[2]) else c[2] for c in cells], color=color,
+                        ls="--" if fixed else "-", lw=1, alpha=0.8, capsize=4)
         ticks = finite + ([unbounded_x] if any(s.k is None for s in known) else [])
         ax.set_xticks(ticks, [str(k) for k in finite] + (["∞"] if len(ticks) > len(finite) else []))
         ax.set(xlabel="max staleness k (policy versions)", ylabel=label, title=label + " vs k")
@@ -633,6 +702,7 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
              f"{MISSING} = not logged.", "", "## Overview", ""]
     header = [h.format(t=f"{threshold:g}") for h in OVERVIEW]
     lines += [*_table(header, (_overview_row(s) for s in summaries)), ""]
+    lines += _cells_section(summaries)
     if plots:
         lines += ["## Curves", ""]
         lines += [f"![{p.stem}]({p.name})" for p in plots if p.name.startswith("curves_")]

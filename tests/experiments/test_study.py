@@ -1,0 +1,81 @@
+"""The study's statistics on series and runs with known answers: collapse, warning lead times, cells."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from ragen_async.experiments import study
+from ragen_async.experiments.report import write_report
+
+
+def test_collapse_is_a_fall_below_half_the_peak_for_good():
+    steps = np.arange(0, 60, 10)
+    collapsed = study.find_collapse(steps, np.array([0.2, 0.6, 0.8, 0.3, 0.2, 0.1]))
+    assert collapsed == study.Collapse(True, 30, 0.8, 20)
+    # One low last point is not a collapse; a recovery above half the peak is not one either.
+    assert not study.find_collapse(steps, np.array([0.2, 0.6, 0.8, 0.7, 0.6, 0.3])).collapsed
+    assert not study.find_collapse(steps, np.array([0.2, 0.8, 0.3, 0.2, 0.5, 0.1])).collapsed
+    # A run that never learned (peak 0) or never fell cannot collapse.
+    assert not study.find_collapse(steps, np.zeros(6)).collapsed
+    assert not study.find_collapse(steps, np.linspace(0.1, 1.0, 6)).collapsed
+
+
+def test_signals_fire_where_the_definitions_say():
+    steps = np.arange(1, 21)
+    std = np.r_[np.ones(10), np.full(10, 0.1)]
+    # Smoothed over 5 steps: (2 * 1 + 3 * 0.1) / 5 = 0.46 < 0.5 * 1 at the third low step (step 13).
+    assert study.signal_steps(steps, std, "reward_std")[0] == 13
+    entropy = np.r_[np.ones(10), np.full(10, 0.2)]
+    # Against its first-5-step mean 1: (2 + 3 * 0.2) / 5 = 0.52 at step 13, (1 + 4 * 0.2) / 5 = 0.36 at 14.
+    assert study.signal_steps(steps, entropy, "entropy")[0] == 14
+    grad = np.ones(20)
+    grad[8] = 3.5  # step 9: 3.5 > 3 x median(1, 1, 1, 1, 1)
+    assert list(study.signal_steps(steps, grad, "grad_norm")) == [9]
+    assert study.signal_steps(steps, np.ones(20), "reward_std").size == 0
+    with pytest.raises(ValueError, match="unknown signal"):
+        study.signal_steps(steps, grad, "loss")
+
+
+def test_lead_time_counts_steps_from_the_first_warning_to_the_collapse():
+    steps = np.arange(1, 31)
+    series = {"reward_std": (steps, np.r_[np.ones(10), np.full(20, 0.1)]),
+              "entropy": (steps, np.ones(30)),
+              "grad_norm": (steps, np.where(steps == 25, 10.0, 1.0))}
+    lead = study.lead_times(series, study.Collapse(True, 20, 0.9, 5))
+    assert lead == {"reward_std": 7, "entropy": None, "grad_norm": None}  # the spike came after the collapse
+    assert study.lead_times(series, study.Collapse(False, None, 0.9, 5)) == dict.fromkeys(study.SIGNALS)
+
+
+def test_interval_is_the_t_interval():
+    mean, half, n = study.interval([1.0, 2.0, 3.0, math.nan])
+    assert (mean, n) == (2.0, 3) and half == pytest.approx(stats.t.ppf(0.975, 2) * 1.0 / math.sqrt(3))
+    assert half == pytest.approx(2.484, abs=1e-3)
+    assert study.interval([0.5])[:2] == (0.5, pytest.approx(math.nan, nan_ok=True))
+    assert study.interval([]) == (pytest.approx(math.nan, nan_ok=True),) * 2 + (0,)
+
+
+def test_the_report_pools_seeds_into_cells_with_intervals(tmp_path, make_run):
+    root = tmp_path / "sweep"
+    finals = {0: 0.6, 1: 0.8, 2: 1.0}
+    for seed, final in finals.items():
+        make_run(root / f"k1-s{seed}", k=1, seed=seed, val_curve=lambda step, total, f=final: f * step / total)
+    # k = 4: learns, then collapses for good at step 15 (validations every 5 steps).
+    curve = lambda step, total: {0: 0.1, 5: 0.5, 10: 0.9, 15: 0.2, 20: 0.1}[step]  # noqa: E731
+    make_run(root / "k4-s0", k=4, seed=0, val_curve=curve)
+    md = write_report([root], tmp_path / "out").markdown.read_text()
+    cells = md.split("## Cells (seeds pooled)")[1].split("## ")[0]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]]
+            for line in cells.splitlines() if line.startswith("| ") and "---" not in line}
+    header = rows.pop("staleness.max_staleness")
+    k1, k4 = (dict(zip(header, rows[k], strict=True)) for k in ("1", "4"))
+    half = stats.t.ppf(0.975, 2) * 0.2 / math.sqrt(3)  # finals 0.6, 0.8, 1.0: sd 0.2
+    assert k1["runs"] == "3" and k1["final val"] == f"0.800 ± {half:.3f}"
+    assert k1["collapsed (share)"] == "0.00 ± 0.00"
+    assert k4["runs"] == "1" and k4["final val"] == "0.100" and k4["collapsed (share)"] == "1.00"
+    summary = (tmp_path / "out" / "summary.csv").read_text().splitlines()
+    assert "collapse_step" in summary[0]
+    assert any(line.startswith("k4-s0,") and ",15," in line for line in summary[1:])
