@@ -37,6 +37,9 @@ class MetricsSink(ABC):
     def close(self, exit_code: int = 0) -> None:  # noqa: B027 - optional hook
         pass
 
+    def alert(self, title: str, text: str) -> None:  # noqa: B027 - optional hook
+        """Tell a person watching the run (W&B alert when online, a red line in the terminal)."""
+
 
 class NullSink(MetricsSink):
     def log(self, record):
@@ -44,13 +47,17 @@ class NullSink(MetricsSink):
 
 
 class MemorySink(MetricsSink):
-    """Keeps records in memory (tests)."""
+    """Keeps records and alerts in memory (tests)."""
 
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
+        self.alerts: list[tuple[str, str]] = []
 
     def log(self, record):
         self.records.append({k: _clean(v) for k, v in record.items()})
+
+    def alert(self, title: str, text: str) -> None:
+        self.alerts.append((title, text))
 
 
 class JsonlSink(MetricsSink):
@@ -107,6 +114,7 @@ class WandbSink(MetricsSink):
         import wandb
 
         self._wandb = wandb
+        self.mode = mode
         self.skip_until_step = skip_until_step
         self._best: dict[str, float] = {}
         self.run = wandb.init(project=project, entity=entity, name=name, config=config, mode=mode,
@@ -142,6 +150,10 @@ class WandbSink(MetricsSink):
     def close(self, exit_code: int = 0):
         self.run.finish(exit_code=exit_code)
 
+    def alert(self, title: str, text: str) -> None:
+        if self.mode == "online":  # offline and disabled runs have no one to notify
+            self.run.alert(title=title, text=text, level=self._wandb.AlertLevel.WARN)
+
 
 class ConsoleSink(MetricsSink):
     """One compact line per step: the numbers a researcher watches for collapse."""
@@ -173,6 +185,9 @@ class ConsoleSink(MetricsSink):
             parts.append("[bold green]val[/] " + " ".join(val))
         self.console.print(" | ".join(parts), highlight=False, soft_wrap=True)
 
+    def alert(self, title: str, text: str) -> None:
+        self.console.print(f"[bold red]{title}[/]: {text}", highlight=False, soft_wrap=True)
+
 
 class MultiSink(MetricsSink):
     def __init__(self, sinks: list[MetricsSink]):
@@ -185,6 +200,10 @@ class MultiSink(MetricsSink):
     def close(self, exit_code: int = 0):
         for s in self.sinks:
             s.close(exit_code)
+
+    def alert(self, title: str, text: str) -> None:
+        for s in self.sinks:
+            s.alert(title, text)
 
 
 class Timer:

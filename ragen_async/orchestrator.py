@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import signal
 import threading
@@ -33,6 +34,7 @@ import numpy as np
 from ragen_async import reaper
 from ragen_async.budget import TrainingBudget
 from ragen_async.buffer import Batch, TrajectoryBuffer
+from ragen_async.collapse import CollapseWatch
 from ragen_async.config import RunConfig, load_config
 from ragen_async.metrics import ConsoleSink, JsonlSink, MetricsSink, MultiSink, WandbSink, resolve_wandb_mode
 from ragen_async.provenance import ProvenanceLog, rewind_jsonl
@@ -133,6 +135,8 @@ class Trainer:
         """Every group index this process has taken from the runtime (a second copy is refused)."""
         self.duplicates = 0
         self._drops: list[dict] = []
+        self.collapse_watch = CollapseWatch()
+        """Validation success against its peak (``alert/collapse`` and a sink alert when it falls)."""
 
     # ------------------------------------------------------------------ the loop
     async def run(self) -> dict[str, float]:
@@ -247,7 +251,13 @@ class Trainer:
         t0 = time.perf_counter()
         metrics = await self.runtime.validate()
         metrics.update({"learner/step": step, "policy_version": self.version, "timing/val_s": time.perf_counter() - t0})
+        success = metrics.get("val/success", math.nan)
+        metrics["alert/collapse"] = float(self.collapse_watch.update(success))
         self.sink.log(metrics)
+        if metrics["alert/collapse"]:
+            self.sink.alert("Collapse", f"{self.run_dir.path.name}: validation success {success:.3f} at step {step} "
+                            f"is below half its peak {self.collapse_watch.peak:.3f} for "
+                            f"{self.collapse_watch.min_points} validations in a row")
         return metrics
 
     # ------------------------------------------------------------------ checkpoints

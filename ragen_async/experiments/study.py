@@ -25,41 +25,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
+from ragen_async.collapse import Collapse, CollapseWatch, find_collapse
+
+__all__ = ["SIGNALS", "SIGNAL_KEYS", "Collapse", "CollapseWatch", "find_collapse", "signal_steps", "lead_times",
+           "interval", "cell_table", "format_mean_ci"]
+
 SIGNALS = ("reward_std", "entropy", "grad_norm")
 """The early-warning signals, in report order."""
 SIGNAL_KEYS = {"reward_std": "rollout/in_group_reward_std", "entropy": "actor/entropy", "grad_norm": "actor/grad_norm"}
 """The metric each signal reads."""
-
-
-@dataclass(frozen=True)
-class Collapse:
-    collapsed: bool
-    step: int | None
-    peak: float
-    peak_step: int | None
-
-
-def find_collapse(steps: np.ndarray, success: np.ndarray, fraction: float = 0.5, min_points: int = 2) -> Collapse:
-    """Whether (and when) validation success collapsed for good; see the module docstring."""
-    if not success.size:
-        return Collapse(False, None, math.nan, None)
-    i_peak = int(np.argmax(success))
-    peak = float(success[i_peak])
-    if peak <= 0:
-        return Collapse(False, None, peak, int(steps[i_peak]))
-    below = success < fraction * peak
-    # The final stretch of consecutive validations below the line.
-    start = len(below)
-    while start > 0 and below[start - 1]:
-        start -= 1
-    collapsed = start > i_peak and len(below) - start >= min_points
-    return Collapse(collapsed, int(steps[start]) if collapsed else None, peak, int(steps[i_peak]))
 
 
 def signal_steps(steps: np.ndarray, values: np.ndarray, signal: str, window: int = 5, fraction: float = 0.5,
