@@ -334,6 +334,22 @@ def report(
     print(result.markdown)
 
 
+@app.command()
+def watch(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory (holding metrics.jsonl)")],
+    interval: Annotated[float, typer.Option(min=0.5, help="seconds between redraws")] = 5.0,
+    width: Annotated[int, typer.Option(min=10, help="points per sparkline")] = 30,
+    once: Annotated[bool, typer.Option("--once", help="draw once and exit")] = False,
+) -> None:
+    """A run's key curves in the terminal (validation success, reward, reward std, entropy, grad norm,
+    staleness, throughput, collapse alert), redrawn until Ctrl-C."""
+    from ragen_async.experiments.watch import watch as watch_run
+
+    if not run_dir.is_dir():
+        _fail(f"{run_dir} is not a directory (expected a run directory with metrics.jsonl)")
+    watch_run(run_dir, interval_s=interval, width=width, once=once)
+
+
 def main() -> None:  # pragma: no cover
     app()
 
