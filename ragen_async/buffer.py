@@ -222,6 +222,12 @@ class TrajectoryBuffer:
 
     # -- staleness gate ----------------------------------------------------------------------------
 
+    def set_max_staleness(self, k: int) -> None:
+        """Move the bound (adaptive staleness); the staleness gate applies it from the next group on."""
+        if self.fixed_lag or self.max_staleness is None:
+            raise ValueError("only a bounded, non-fixed-lag buffer can move its bound")
+        self.max_staleness = k
+
     def _violation(self, group: TrajectoryGroup, learner_version: int, consuming: bool) -> DropReason | None:
         k = self.max_staleness
         if k is None:

@@ -1,13 +1,26 @@
-"""Collapse of a run, as the staleness study defines it: validation success that fell below a fraction
-(default one half) of its peak and stayed there for at least ``min_points`` validations (default 2).
+"""Collapse of a run and its early warnings, as the staleness study defines them.
 
-:func:`find_collapse` judges a finished series (the collapse must last to its end); :class:`CollapseWatch`
-applies the same rule online, validation by validation, to raise an alert while a run is going.
+**Collapse**: validation success that fell below a fraction (default one half) of its peak and stayed
+there for at least ``min_points`` validations (default 2). :func:`find_collapse` judges a finished series
+(the collapse must last to its end); :class:`CollapseWatch` applies the same rule online, validation by
+validation, to raise an alert while a run is going.
+
+**Early warnings** (RAGEN's Echo-Trap signals), :class:`EarlyWarning`, step by step, each on a trailing
+rolling mean of ``window`` steps:
+
+- ``reward_std``: the in-group reward std falls below ``fraction`` of its highest smoothed value so far;
+- ``entropy``: the policy entropy falls below ``fraction`` of its mean over the first ``window`` steps;
+- ``grad_norm``: a gradient norm above ``spike`` (default 3) times the median of the previous
+  ``window`` steps.
+
+The report replays finished runs through the same class, and the adaptive staleness bound reacts to it
+while a run goes, so both read one definition.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,3 +76,59 @@ class CollapseWatch:
             self.fired = True
             return True
         return False
+
+
+SIGNALS = ("reward_std", "entropy", "grad_norm")
+"""The early-warning signals, in report order."""
+SIGNAL_KEYS = {"reward_std": "rollout/in_group_reward_std", "entropy": "actor/entropy", "grad_norm": "actor/grad_norm"}
+"""The step metric each signal reads."""
+
+
+class EarlyWarning:
+    """The early-warning signals, online (see the module docstring): feed each learner step's metrics
+    to :meth:`update`, which returns the signals that fire at that step. A missing or non-finite value
+    leaves its signal's history unchanged and it does not fire."""
+
+    def __init__(self, window: int = 5, fraction: float = 0.5, spike: float = 3.0):
+        if window < 1 or not 0 < fraction < 1 or spike <= 1:
+            raise ValueError("window >= 1, 0 < fraction < 1 and spike > 1 are required")
+        self.window, self.fraction, self.spike = window, fraction, spike
+        self.recent = {s: deque(maxlen=window) for s in SIGNALS}
+        self.reward_std_peak = -math.inf
+        self.entropy_start: list[float] = []
+
+    def update(self, metrics: dict[str, float]) -> set[str]:
+        fired = set()
+        for signal, key in SIGNAL_KEYS.items():
+            value = metrics.get(key)
+            if value is None or not math.isfinite(value):
+                continue
+            recent = self.recent[signal]
+            if signal == "grad_norm":
+                if len(recent) == self.window and value > self.spike * float(np.median(recent)):
+                    fired.add(signal)
+                recent.append(value)
+                continue
+            recent.append(value)
+            smooth = sum(recent) / len(recent)
+            if signal == "reward_std":
+                self.reward_std_peak = max(self.reward_std_peak, smooth)
+                if smooth < self.fraction * self.reward_std_peak:
+                    fired.add(signal)
+            else:
+                if len(self.entropy_start) < self.window:
+                    self.entropy_start.append(value)
+                if smooth < self.fraction * (sum(self.entropy_start) / len(self.entropy_start)):
+                    fired.add(signal)
+        return fired
+
+    def state(self) -> dict:
+        """JSON-serialisable, for checkpoints."""
+        return {"recent": {s: list(v) for s, v in self.recent.items()}, "reward_std_peak": self.reward_std_peak,
+                "entropy_start": self.entropy_start}
+
+    def restore(self, state: dict) -> None:
+        for s, values in state["recent"].items():
+            self.recent[s] = deque(values, maxlen=self.window)
+        self.reward_std_peak = float(state["reward_std_peak"])
+        self.entropy_start = list(state["entropy_start"])

@@ -165,11 +165,25 @@ class StalenessConfig(_Strict):
     """k: no consumed token is more than k policy versions old. 0 = synchronous, None = unbounded."""
     fixed_lag: bool = False
     """Publish version v-k to the engines so every token is exactly k versions old (needs k set)."""
+    adaptive: bool = False
+    """Let the bound move between adaptive_min_k and max_staleness (where it starts): halve it at a step
+    where an early-warning signal fires (``collapse.EarlyWarning``), raise it by one after
+    adaptive_patience quiet steps (``staleness.AdaptiveBound``); logged as ``staleness/bound``."""
+    adaptive_min_k: int = Field(0, ge=0)
+    """The lowest bound the adaptive controller may set."""
+    adaptive_patience: int = Field(10, ge=1)
+    """Quiet learner steps before the adaptive controller raises the bound by one."""
 
     @model_validator(mode="after")
-    def _fixed_lag_needs_k(self) -> StalenessConfig:
+    def _consistent_bound(self) -> StalenessConfig:
         if self.fixed_lag and self.max_staleness is None:
             raise ValueError("staleness.fixed_lag needs an integer staleness.max_staleness")
+        if self.adaptive and (self.fixed_lag or not self.max_staleness):
+            raise ValueError("staleness.adaptive moves a bounded k: it needs staleness.max_staleness >= 1 and "
+                             "no fixed_lag")
+        if self.adaptive and self.adaptive_min_k > self.max_staleness:
+            raise ValueError(f"staleness.adaptive_min_k ({self.adaptive_min_k}) is above staleness.max_staleness "
+                             f"({self.max_staleness})")
         return self
 
 

@@ -34,13 +34,14 @@ import numpy as np
 from ragen_async import reaper
 from ragen_async.budget import TrainingBudget
 from ragen_async.buffer import Batch, TrajectoryBuffer
-from ragen_async.collapse import CollapseWatch
+from ragen_async.collapse import SIGNALS, CollapseWatch, EarlyWarning
 from ragen_async.config import RunConfig, load_config
 from ragen_async.metrics import ConsoleSink, JsonlSink, MetricsSink, MultiSink, WandbSink, resolve_wandb_mode
 from ragen_async.provenance import ProvenanceLog, rewind_jsonl
 from ragen_async.rollout.worker import rollout_metrics
 from ragen_async.rundir import RunDir, finalize_checkpoint, staging_path
 from ragen_async.runtime import Runtime
+from ragen_async.staleness import AdaptiveBound
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,11 @@ class Trainer:
         self._drops: list[dict] = []
         self.collapse_watch = CollapseWatch()
         """Validation success against its peak (``alert/collapse`` and a sink alert when it falls)."""
+        self.warnings = EarlyWarning()
+        """The early-warning signals, step by step (``warning/<signal>``)."""
+        s = cfg.staleness
+        self.bound = AdaptiveBound(s.max_staleness, s.adaptive_min_k, s.adaptive_patience) if s.adaptive else None
+        """Adaptive staleness (``staleness.adaptive``): the warnings move the bound."""
 
     # ------------------------------------------------------------------ the loop
     async def run(self) -> dict[str, float]:
@@ -162,8 +168,10 @@ class Trainer:
             sync = await self.publish()
             stats = await rt.rollout_stats()
             step_s = time.perf_counter() - t_step
-            self.sink.log(self.record(step + 1, batch, result.metrics, sync, prev_stats, stats, wait_s, train_s,
-                                      step_s, budget.spent_s, await rt.admission.state()))
+            record = self.record(step + 1, batch, result.metrics, sync, prev_stats, stats, wait_s, train_s,
+                                 step_s, budget.spent_s, await rt.admission.state())
+            await self.adapt(record)
+            self.sink.log(record)
             prev_stats, done = stats, step + 1
             budget.pause()  # producers keep playing during validation; only learner time is charged
             final = budget.is_last_step(done, cfg.total_steps)
@@ -205,6 +213,17 @@ class Trainer:
         if consumed or drops:
             await self.runtime.admission.resolve(consumed, [d.index for d in drops])
 
+    async def adapt(self, record: dict[str, Any]) -> None:
+        """This step's early warnings (``warning/<signal>`` in ``record``); under adaptive staleness they
+        set the bound for the next steps, in the buffer and at admission together."""
+        fired = self.warnings.update(record)
+        record.update({f"warning/{s}": float(s in fired) for s in SIGNALS})
+        if self.bound is not None and self.bound.update(bool(fired)) != self.buffer.max_staleness:
+            log.info("adaptive staleness: bound %s -> %d (warnings: %s)", self.buffer.max_staleness, self.bound.k,
+                     ", ".join(sorted(fired)) or f"none for {self.bound.patience} steps")
+            self.buffer.set_max_staleness(self.bound.k)
+            await self.runtime.admission.set_max_staleness(self.bound.k)
+
     def published_version(self) -> int:
         """What the engines serve at learner version v: v, or v - k under fixed lag."""
         if self.cfg.staleness.fixed_lag:
@@ -238,6 +257,7 @@ class Trainer:
             "learner/idle_frac": max(0.0, 1 - train_s / max(step_s, 1e-9)),
             "staleness/admission_wait_s": float(np.mean(wait)),
             "staleness/admission_refusals": float(admission["refusals"]),
+            "staleness/bound": math.nan if self.buffer.max_staleness is None else float(self.buffer.max_staleness),
             "staleness/groups_outstanding": float(len(admission["outstanding"])),
             "transport/duplicate_groups": float(self.duplicates),
             "rollout/engine_versions_min": min(s["policy_version"] for s in stats),
@@ -266,7 +286,8 @@ class Trainer:
         path = staging_path(self.run_dir, step)
         await self.runtime.save(path, step)
         state = {"step": step, "version": self.version, "syncs": self.syncs,
-                 "admission": await self.runtime.admission.state()}
+                 "admission": await self.runtime.admission.state(), "early_warning": self.warnings.state(),
+                 "adaptive": self.bound.state() if self.bound is not None else None}
         (path / DRIVER_STATE).write_text(json.dumps(state))
         return finalize_checkpoint(self.run_dir, path, step)
 
@@ -278,6 +299,12 @@ class Trainer:
                                f"{state['version']}")
         self.start_step, self.syncs = int(state["step"]), int(state["syncs"])
         await self.runtime.admission.restore(state["admission"])
+        if "early_warning" in state:
+            self.warnings.restore(state["early_warning"])
+        if self.bound is not None and state.get("adaptive"):
+            self.bound.restore(state["adaptive"])
+            self.buffer.set_max_staleness(self.bound.k)
+            await self.runtime.admission.set_max_staleness(self.bound.k)
         log.info("resumed from %s at step %d (policy version %d, %d groups to replay)", checkpoint,
                  self.start_step, self.version, len(state["admission"]["outstanding"]))
 

@@ -49,6 +49,10 @@ class Admission(ABC):
         """The controller's state (``AdmissionController.state``) for a checkpoint."""
 
     @abstractmethod
+    async def set_max_staleness(self, k: int) -> None:
+        """Move the bound (``AdmissionController.set_max_staleness``)."""
+
+    @abstractmethod
     async def restore(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint's state (before any producer starts)."""
 
@@ -67,6 +71,9 @@ class LocalAdmission(Admission):
 
     async def state(self) -> dict[str, Any]:
         return self.controller.state()
+
+    async def set_max_staleness(self, k: int) -> None:
+        self.controller.set_max_staleness(k)
 
     async def restore(self, state: dict[str, Any]) -> None:
         self.controller.restore(state)

@@ -29,6 +29,7 @@ import numpy as np
 from ragen_async.protocol import NO_VERSION, Trajectory, TrajectoryGroup
 
 __all__ = [
+    "AdaptiveBound",
     "AdmissionController",
     "StalenessStats",
     "format_group_id",
@@ -130,6 +131,13 @@ class AdmissionController:
         """Admitted indices not yet reported consumed or dropped, ascending."""
         return sorted(self._outstanding)
 
+    def set_max_staleness(self, k: int) -> None:
+        """Move the bound (adaptive staleness). Lowering it admits nothing new until the published version
+        catches up; groups already started may then be too old, and the buffer drops them on arrival."""
+        if self.max_staleness is None or isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"can only move a finite bound to an integer >= 0, got {self.max_staleness} -> {k!r}")
+        self.max_staleness = k
+
     def limit(self) -> int | None:
         """``(k + v + 1) · groups_per_step``: how many groups may have started at this version."""
         if self.max_staleness is None:
@@ -223,6 +231,35 @@ class AdmissionController:
         self._replay = sorted(outstanding)
         self._dropped, self._consumed = int(state["dropped"]), int(state["consumed"])
         self.refusals = int(state.get("refusals", 0))
+
+
+class AdaptiveBound:
+    """Adaptive staleness: the bound k halves (down to ``k_min``) at a step where an early-warning signal
+    fired, and grows by one (up to ``k_max``, where it starts) after ``patience`` quiet steps in a row.
+    Pure and deterministic: the caller feeds one verdict per learner step."""
+
+    def __init__(self, k_max: int, k_min: int = 0, patience: int = 10) -> None:
+        if not 0 <= k_min <= k_max or patience < 1:
+            raise ValueError(f"need 0 <= k_min <= k_max and patience >= 1 (got {k_min}, {k_max}, {patience})")
+        self.k_max, self.k_min, self.patience = k_max, k_min, patience
+        self.k = k_max
+        self.quiet = 0
+
+    def update(self, warned: bool) -> int:
+        """The bound for the next steps, after a step with (``warned``) or without a warning."""
+        if warned:
+            self.k, self.quiet = max(self.k_min, self.k // 2), 0
+        else:
+            self.quiet += 1
+            if self.quiet >= self.patience and self.k < self.k_max:
+                self.k, self.quiet = self.k + 1, 0
+        return self.k
+
+    def state(self) -> dict[str, int]:
+        return {"k": self.k, "quiet": self.quiet}
+
+    def restore(self, state: dict) -> None:
+        self.k, self.quiet = int(state["k"]), int(state["quiet"])
 
 
 # --------------------------------------------------------------------------------------------------

@@ -303,3 +303,25 @@ def test_a_dead_learner_rank_stops_the_run_with_a_clear_error_and_resume_complet
     assert [r["learner/step"] for r in steps] == [int(checkpoint.name[5:]) + 1, int(checkpoint.name[5:]) + 2]
     ids = [g["group_id"] for p in provenance for g in p["groups"]]
     assert len(ids) == len(set(ids))
+
+
+def test_adaptive_staleness_tightens_the_real_gate_and_the_new_bound_holds(tiny_model_path, tmp_path, monkeypatch):
+    """A warning (scripted at step 3) halves k = 2 to 1 on the Ray admission gate and in the buffer: every
+    group consumed after the move is at most 1 version old, while k = 2 was used before it."""
+    from ragen_async import orchestrator
+    from ragen_async.collapse import EarlyWarning
+
+    class WarnAtStep3(EarlyWarning):
+        def update(self, metrics):
+            return {"grad_norm"} if metrics.get("learner/step") == 3 else set()
+
+    monkeypatch.setattr(orchestrator, "EarlyWarning", WarnAtStep3)
+    cfg = ray_cfg(tiny_model_path, tmp_path, "staleness.max_staleness=2", "staleness.adaptive=true",
+                  "staleness.adaptive_patience=100", "total_steps=7")
+    _, steps, provenance = run_ray(cfg)
+    assert [r["staleness/bound"] for r in steps] == [2, 2, 2, 1, 1, 1, 1]
+    assert [r["warning/grad_norm"] for r in steps] == [0, 0, 1, 0, 0, 0, 0]
+    before = [p["learner_version"] - g["min_version"] for p in provenance[:3] for g in p["groups"]]
+    after = [p["learner_version"] - g["min_version"] for p in provenance[3:] for g in p["groups"]]
+    assert max(before) == 2  # the looser bound was used before the move
+    assert after and max(after) <= 1

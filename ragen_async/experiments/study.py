@@ -1,20 +1,9 @@
 """The staleness study's statistics: collapse, its early warnings, and cells of seeds with 95 % intervals.
 
-Definitions (the report states them next to its tables):
+Collapse and the early-warning signals are defined once, in :mod:`ragen_async.collapse` (the run's
+online alert and the adaptive staleness bound use the same rules). Here:
 
-* **Collapse.** A run collapses when its validation success, after reaching its peak, falls below
-  ``fraction`` (default one half) of that peak and stays below it at every later validation, for at
-  least ``min_points`` validations (default 2; one low last point is not a collapse). The collapse step
-  is the first validation step of that final stretch. A run whose peak is 0 cannot collapse.
-* **Early warnings** (RAGEN's Echo-Trap signals), each on the training series smoothed by a trailing
-  rolling mean of ``window`` steps:
-
-  - ``reward_std``: the in-group reward std falls below ``fraction`` of its highest smoothed value so far;
-  - ``entropy``: the policy entropy falls below ``fraction`` of its mean over the first ``window`` steps;
-  - ``grad_norm``: a gradient norm above ``spike`` (default 3) times the median of the previous
-    ``window`` steps.
-
-  A signal's **lead time** is the collapse step minus the first step the signal fired at or before it
+* A signal's **lead time** is the collapse step minus the first step the signal fired at or before it
   (``None``: it never fired before the collapse, or there was no collapse).
 * **Cells.** Runs that differ only in their seed form a cell; a cell reports the mean and the 95 %
   interval half-width ``t(0.975, n - 1) * sd / sqrt(n)`` of each statistic over its seeds (no interval
@@ -30,34 +19,21 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ragen_async.collapse import Collapse, CollapseWatch, find_collapse
+from ragen_async.collapse import SIGNAL_KEYS, SIGNALS, Collapse, CollapseWatch, EarlyWarning, find_collapse
 
-__all__ = ["SIGNALS", "SIGNAL_KEYS", "Collapse", "CollapseWatch", "find_collapse", "signal_steps", "lead_times",
-           "interval", "cell_table", "format_mean_ci"]
-
-SIGNALS = ("reward_std", "entropy", "grad_norm")
-"""The early-warning signals, in report order."""
-SIGNAL_KEYS = {"reward_std": "rollout/in_group_reward_std", "entropy": "actor/entropy", "grad_norm": "actor/grad_norm"}
-"""The metric each signal reads."""
+__all__ = ["SIGNALS", "SIGNAL_KEYS", "Collapse", "CollapseWatch", "EarlyWarning", "find_collapse", "signal_steps",
+           "lead_times", "interval", "cell_table", "format_mean_ci"]
 
 
-def signal_steps(steps: np.ndarray, values: np.ndarray, signal: str, window: int = 5, fraction: float = 0.5,
-                 spike: float = 3.0) -> np.ndarray:
-    """The steps at which ``signal`` fires on the series ``(steps, values)`` (see the module docstring)."""
+
+def signal_steps(steps: np.ndarray, values: np.ndarray, signal: str, window: int = 5) -> np.ndarray:
+    """The steps at which ``signal`` fires on the series ``(steps, values)``: the series replayed
+    through :class:`~ragen_async.collapse.EarlyWarning`, the rule the adaptive bound uses online."""
     if signal not in SIGNALS:
         raise ValueError(f"unknown signal {signal!r}; known: {SIGNALS}")
-    if not values.size:
-        return np.zeros(0, dtype=int)
-    series = pd.Series(values, index=steps)
-    smooth = series.rolling(window, min_periods=1).mean()
-    if signal == "reward_std":
-        fired = smooth < fraction * smooth.cummax()
-    elif signal == "entropy":
-        fired = smooth < fraction * series.iloc[:window].mean()
-    else:
-        previous = series.shift(1).rolling(window, min_periods=window).median()
-        fired = series > spike * previous
-    return np.asarray(series.index[fired.to_numpy()], dtype=int)
+    warning, key = EarlyWarning(window), SIGNAL_KEYS[signal]
+    return np.asarray([int(s) for s, v in zip(steps, values, strict=True) if signal in warning.update({key: float(v)})],
+                      dtype=int)
 
 
 def lead_times(train_steps: dict[str, tuple[np.ndarray, np.ndarray]], collapse: Collapse, window: int = 5
