@@ -224,8 +224,9 @@ def _weights_receiver(address: str, port: int, manifest, total_bytes: int, repea
     from ragen_async.weight_sync.gloo import broadcast, open_group, receive_weights
 
     pg = open_group(address, port, 2, 1, 120.0)
+    buffers: list[torch.Tensor] = []  # reused between syncs, as the vLLM worker extension does
     for r in range(repeats):
-        receive_weights(pg, manifest, r, 120.0, "bench receiver")
+        receive_weights(pg, manifest, r, 120.0, "bench receiver", buffers=buffers)
         pg.barrier().wait(dt.timedelta(seconds=120))
     raw = torch.empty(total_bytes, dtype=torch.uint8)
     for _ in range(repeats):

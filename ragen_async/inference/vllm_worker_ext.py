@@ -44,6 +44,17 @@ def _shared_parameters(model: torch.nn.Module) -> list[tuple[torch.nn.Module, st
     return shared
 
 
+
+def _aliases(model: torch.nn.Module, buffers: Sequence[torch.Tensor]) -> bool:
+    """Whether any parameter or buffer of ``model`` shares memory with one of ``buffers``."""
+    spans = [(b.data_ptr(), b.data_ptr() + b.numel() * b.element_size()) for b in buffers]
+    for t in (*model.parameters(), *model.buffers()):
+        ptr = t.untyped_storage().data_ptr() if t.numel() else 0
+        if ptr and any(lo <= ptr < hi for lo, hi in spans):
+            return True
+    return False
+
+
 class WeightSyncWorkerExtension:
     """Methods callable through ``collective_rpc``; ``self`` is the vLLM worker."""
 
@@ -52,6 +63,8 @@ class WeightSyncWorkerExtension:
     _ragen_timeout_s: float = 60.0
     _ragen_version: int | None = None
     _ragen_my_rank: int = -1
+    _ragen_buffers: list[torch.Tensor] | None = None
+    """Receive buffers kept between broadcasts (each worker's own list, made on first use)."""
 
     # ---- loading ----------------------------------------------------------------------------
     def _ragen_reload(self, named: Sequence[tuple[str, torch.Tensor]], version: int) -> dict:
@@ -102,19 +115,27 @@ class WeightSyncWorkerExtension:
                  f"(receiver rank {self._ragen_my_rank})")
         t0 = time.perf_counter()
         try:
+            if self._ragen_buffers is None:
+                self._ragen_buffers = []
             named = receive_weights(self._ragen_pg, manifest, int(version), self._ragen_timeout_s,
-                                    where)
+                                    where, buffers=self._ragen_buffers)
         except WeightSyncError:
             self.close_weight_group()  # the group is unusable after a failed collective
             raise
         recv_s = time.perf_counter() - t0
         stats = self._ragen_reload(named, version)
+        # The receive buffers are reused by the next sync, which is only safe if the model copied the
+        # weights out of them; if any parameter still points into them, the next sync gets new ones.
+        stats["buffers_reused"] = not _aliases(self.model_runner.get_model(), self._ragen_buffers)
+        if not stats["buffers_reused"]:
+            self._ragen_buffers = None
         stats["recv_s"] = recv_s
         return stats
 
     def close_weight_group(self) -> None:
         self._ragen_pg = None
         self._ragen_group = ""
+        self._ragen_buffers = None
 
     # ---- introspection (tests) --------------------------------------------------------------
     def weights_checksum(self) -> dict[str, str]:

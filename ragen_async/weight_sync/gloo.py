@@ -106,16 +106,25 @@ def wait(work: Any, timeout_s: float, what: str) -> None:
 
 
 def receive_weights(pg: Any, manifest: Sequence[ManifestEntry], version: int, timeout_s: float,
-                    where: str) -> list[tuple[str, torch.Tensor]]:
+                    where: str, buffers: list[torch.Tensor] | None = None) -> list[tuple[str, torch.Tensor]]:
     """Receiver side of one sync: header, then the packed buffers; returns ``(name, tensor)`` in
-    manifest order (views into the received buffers)."""
+    manifest order (views into the received buffers). With ``buffers`` (a list the caller keeps between
+    syncs) the receive buffers are reused instead of allocated afresh, which saves touching a model's
+    worth of new memory per sync; the returned views are then only valid until the next receive."""
     manifest = [(str(n), str(d), [int(x) for x in s]) for n, d, s in manifest]
     header = torch.zeros(HEADER_LEN, dtype=torch.int64)
     broadcast(pg, header, timeout_s, f"{where}: header of version {version}")
     bucket_bytes = check_header(header, manifest, version, where)
     named: list[tuple[str, torch.Tensor]] = []
     for i, bucket in enumerate(plan_buckets(manifest, bucket_bytes)):
-        raw = torch.empty(bucket_nbytes(bucket), dtype=torch.uint8)
+        nbytes = bucket_nbytes(bucket)
+        if buffers is not None and i < len(buffers) and buffers[i].numel() == nbytes:
+            raw = buffers[i]
+        else:
+            raw = torch.empty(nbytes, dtype=torch.uint8)
+            if buffers is not None:
+                del buffers[i:]
+                buffers.append(raw)
         broadcast(pg, raw, timeout_s, f"{where}: buffer {i} of version {version}")
         named.extend(unpack_bucket(bucket, raw, manifest))
     order = {n: i for i, (n, _, _) in enumerate(manifest)}
@@ -215,9 +224,10 @@ async def connect_engines(publisher: GlooBroadcastPublisher, engines: Sequence[A
 
 async def broadcast_to_engines(publisher: GlooBroadcastPublisher, engines: Sequence[Any],
                                named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
-                               ) -> None:
-    """One sync to in-process engines: publish and receive concurrently."""
+                               ) -> list[dict]:
+    """One sync to in-process engines: publish and receive concurrently; each engine's receive stats."""
     named = list(named_tensors)
     manifest = publisher.manifest(named)
-    await asyncio.gather(asyncio.to_thread(publisher.publish, named, version),
-                         *(e.receive_broadcast(manifest, version) for e in engines))
+    _, *stats = await asyncio.gather(asyncio.to_thread(publisher.publish, named, version),
+                                     *(e.receive_broadcast(manifest, version) for e in engines))
+    return stats
