@@ -198,19 +198,22 @@ def bench_pipeline_cmd(
 ) -> None:
     """Throughput vs staleness k under runtime: ray, pinned (disjoint CPU sets) and unpinned."""
     _setup_logging()
-    from ragen_async.experiments.bench import bench_pipeline, machine_description
+    from ragen_async.experiments.bench import bench_pipeline
 
     ks = k or [0, 1, 2, 4]
     modes = mode or ["pinned", "unpinned"]
     cmd = "ragen-async bench pipeline " + " ".join([str(config), *(overrides or [])] + [f"--k {x}" for x in ks])
     rows, table = bench_pipeline(config, overrides or [], ks, steps, warmup, modes)
-    text = (f"machine: {machine_description()}\ncommand: `{cmd} --steps {steps} --warmup {warmup}`\n"
-            f"pinned = rollout actors+engines and learner ranks on disjoint CPU sets; unpinned = shared.\n\n{table}\n")
-    _print_bench("Pipeline benchmark", text, out)
+    _print_bench("Pipeline benchmark", f"{cmd} --steps {steps} --warmup {warmup}",
+                 "pinned = rollout actors+engines and learner ranks on disjoint CPU sets; unpinned = shared.", table, out)
 
 
-def _print_bench(title: str, text: str, out: Path | None) -> None:
-    """Print a benchmark's text and (``out``) append it to a markdown file under a dated heading."""
+def _print_bench(title: str, command: str, note: str, table: str, out: Path | None) -> None:
+    """Print a benchmark's tables under the machine, the command and a note, and (``out``) append them
+    to a markdown file under a dated heading."""
+    from ragen_async.experiments.bench import machine_description
+
+    text = f"machine: {machine_description()}\ncommand: `{command}`\n{note}\n\n{table}\n"
     print(text)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -225,16 +228,14 @@ def bench_transport_cmd(
     out: Annotated[Path | None, typer.Option(help="append the table to this markdown file")] = None,
 ) -> None:
     """Codec + ZeroMQ on loopback vs a raw send_multipart of the same bytes, two group sizes."""
-    from ragen_async.experiments.bench import machine_description
     from ragen_async.experiments.components import PAPER, SOKOBAN, bench_transport, format_transport
 
     if groups < 10 or repeats < 1:
         raise typer.BadParameter("--groups must be >= 10 and --repeats >= 1")
     rows = bench_transport({SOKOBAN: groups, PAPER: max(1, groups // 10)}, repeats)
-    text = (f"machine: {machine_description()}\ncommand: `ragen-async bench transport --groups {groups} "
-            f"--repeats {repeats}`\nsender and receiver: two processes on loopback TCP; median of {repeats} runs "
-            f"per path, the paths alternating\n\n{format_transport(rows)}\n")
-    _print_bench("Transport benchmark", text, out)
+    _print_bench("Transport benchmark", f"ragen-async bench transport --groups {groups} --repeats {repeats}",
+                 f"sender and receiver: two processes on loopback TCP; median of {repeats} runs per path, "
+                 "the paths alternating", format_transport(rows), out)
 
 
 @bench_app.command("weights")
@@ -245,7 +246,6 @@ def bench_weights_cmd(
     out: Annotated[Path | None, typer.Option(help="append the table to this markdown file")] = None,
 ) -> None:
     """The gloo weight-sync path (publish + receive) vs a raw broadcast of the same bytes, one receiver."""
-    from ragen_async.experiments.bench import machine_description
     from ragen_async.experiments.components import (
         bench_weights_one,
         format_weights,
@@ -258,10 +258,9 @@ def bench_weights_cmd(
     rows = [bench_weights_one(f"tiny model ({model})", tiny_model_tensors(str(model)), repeats)]
     if large:
         rows.append(bench_weights_one("Qwen2.5-0.5B shapes, bf16 (synthetic)", synthetic_qwen_tensors(), repeats))
-    text = (f"machine: {machine_description()}\ncommand: `ragen-async bench weights --repeats {repeats}`\n"
-            f"publisher and one receiver process, gloo over loopback; each sync timed on the publisher up to "
-            f"a barrier after the receiver finished\n\n{format_weights(rows)}\n")
-    _print_bench("Weight-sync benchmark", text, out)
+    _print_bench("Weight-sync benchmark", f"ragen-async bench weights --repeats {repeats}",
+                 "publisher and one receiver process, gloo over loopback; each sync timed on the publisher up to "
+                 "a barrier after the receiver finished", format_weights(rows), out)
 
 
 @bench_app.command("step")
@@ -274,15 +273,13 @@ def bench_step_cmd(
 ) -> None:
     """Where one learner step's time goes (local runtime), and the rollout's rate vs the raw engine's."""
     _setup_logging()
-    from ragen_async.experiments.bench import machine_description
     from ragen_async.experiments.step_profile import format_profile, profile_steps
 
     cfg = _load(config, overrides)
     cmd = "ragen-async bench step " + " ".join([str(config), *(overrides or [])])
     profile = profile_steps(cfg, steps, warmup)
-    text = (f"machine: {machine_description()}\ncommand: `{cmd} --steps {steps} --warmup {warmup}`\n"
-            f"median over {profile.steps} steps after {warmup} warm-up steps\n\n{format_profile(profile)}\n")
-    _print_bench("Step profile", text, out)
+    _print_bench("Step profile", f"{cmd} --steps {steps} --warmup {warmup}",
+                 f"median over {profile.steps} steps after {warmup} warm-up steps", format_profile(profile), out)
 
 
 @app.command()
