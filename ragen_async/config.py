@@ -217,6 +217,11 @@ class LoggingConfig(_Strict):
     wandb_tags: list[str] = Field(default_factory=list)
     """W&B run tags (a sweep adds ``key=value`` for each of the run's grid values)."""
     console: bool = True
+    episodes_every: int = Field(10, ge=0)
+    """Every this many learner steps, write a few of the step's episodes as text (the whole conversation,
+    reward, success, staleness) to ``episodes.jsonl`` and a W&B table; 0 = never."""
+    episodes_per_log: int = Field(4, ge=1)
+    """Episodes written each time: the first episode of each of the step's first groups (by index)."""
 
 
 class RunConfig(_Strict):

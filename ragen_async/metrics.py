@@ -40,6 +40,13 @@ class MetricsSink(ABC):
     def alert(self, title: str, text: str) -> None:  # noqa: B027 - optional hook
         """Tell a person watching the run (W&B alert when online, a red line in the terminal)."""
 
+    def log_episodes(self, step: int, rows: list[dict[str, Any]]) -> None:  # noqa: B027 - optional hook
+        """Sampled episodes of learner step ``step`` (``EPISODE_COLUMNS`` each)."""
+
+
+EPISODE_COLUMNS = ("env_tag", "seed", "group_index", "score", "success", "staleness", "text")
+"""What a sampled episode row holds (``logging.episodes_every``)."""
+
 
 class NullSink(MetricsSink):
     def log(self, record):
@@ -52,6 +59,7 @@ class MemorySink(MetricsSink):
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
         self.alerts: list[tuple[str, str]] = []
+        self.episodes: list[dict[str, Any]] = []
 
     def log(self, record):
         self.records.append({k: _clean(v) for k, v in record.items()})
@@ -59,15 +67,27 @@ class MemorySink(MetricsSink):
     def alert(self, title: str, text: str) -> None:
         self.alerts.append((title, text))
 
+    def log_episodes(self, step: int, rows: list[dict[str, Any]]) -> None:
+        self.episodes += [{"learner/step": step, **row} for row in rows]
+
 
 class JsonlSink(MetricsSink):
-    def __init__(self, path: Path):
+    """``metrics.jsonl``, and the sampled episodes in ``episodes_path`` (one JSON object per episode)."""
+
+    def __init__(self, path: Path, episodes_path: Path | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = self.path.open("a", buffering=1)
+        self.episodes_path = episodes_path
 
     def log(self, record):
         self._f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+
+    def log_episodes(self, step: int, rows: list[dict[str, Any]]) -> None:
+        if self.episodes_path is not None:
+            with Path(self.episodes_path).open("a") as f:
+                f.writelines(json.dumps({"learner/step": step, **{k: _clean(v) for k, v in row.items()}}) + "\n"
+                             for row in rows)
 
     def close(self, exit_code: int = 0):
         self._f.close()
@@ -150,6 +170,13 @@ class WandbSink(MetricsSink):
     def close(self, exit_code: int = 0):
         self.run.finish(exit_code=exit_code)
 
+    def log_episodes(self, step: int, rows: list[dict[str, Any]]) -> None:
+        if step <= self.skip_until_step or not rows:
+            return
+        table = self._wandb.Table(columns=list(EPISODE_COLUMNS),
+                                  data=[[_clean(row[c]) for c in EPISODE_COLUMNS] for row in rows])
+        self.run.log({"learner/step": step, "episodes": table})
+
     def alert(self, title: str, text: str) -> None:
         if self.mode == "online":  # offline and disabled runs have no one to notify
             self.run.alert(title=title, text=text, level=self._wandb.AlertLevel.WARN)
@@ -204,6 +231,10 @@ class MultiSink(MetricsSink):
     def alert(self, title: str, text: str) -> None:
         for s in self.sinks:
             s.alert(title, text)
+
+    def log_episodes(self, step: int, rows: list[dict[str, Any]]) -> None:
+        for s in self.sinks:
+            s.log_episodes(step, rows)
 
 
 class Timer:

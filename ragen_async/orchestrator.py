@@ -37,6 +37,7 @@ from ragen_async.buffer import Batch, TrajectoryBuffer
 from ragen_async.collapse import SIGNALS, CollapseWatch, EarlyWarning
 from ragen_async.config import RunConfig, load_config
 from ragen_async.metrics import ConsoleSink, JsonlSink, MetricsSink, MultiSink, WandbSink, resolve_wandb_mode
+from ragen_async.protocol import NO_VERSION
 from ragen_async.provenance import ProvenanceLog, rewind_jsonl
 from ragen_async.rollout.worker import rollout_metrics
 from ragen_async.rundir import RunDir, finalize_checkpoint, staging_path
@@ -67,7 +68,7 @@ def probe_ids(vocab_size: int, n: int = 48) -> list[int]:
 
 
 def make_sink(cfg: RunConfig, run_dir: RunDir, skip_wandb_until: int = -1) -> MetricsSink:
-    sinks: list[MetricsSink] = [JsonlSink(run_dir.metrics_path)]
+    sinks: list[MetricsSink] = [JsonlSink(run_dir.metrics_path, run_dir.episodes_path)]
     mode = resolve_wandb_mode(cfg.logging.wandb_mode)
     if mode != "disabled":
         state = run_dir.read_state()
@@ -140,6 +141,8 @@ class Trainer:
         """Validation success against its peak (``alert/collapse`` and a sink alert when it falls)."""
         self.warnings = EarlyWarning()
         """The early-warning signals, step by step (``warning/<signal>``)."""
+        self._tokenizer: Any = None
+        """Loaded on the first ``log_episodes``."""
         s = cfg.staleness
         self.bound = AdaptiveBound(s.max_staleness, s.adaptive_min_k, s.adaptive_patience) if s.adaptive else None
         """Adaptive staleness (``staleness.adaptive``): the warnings move the bound."""
@@ -172,6 +175,7 @@ class Trainer:
                                  step_s, budget.spent_s, await rt.admission.state())
             await self.adapt(record)
             self.sink.log(record)
+            self.log_episodes(step + 1, batch)
             prev_stats, done = stats, step + 1
             budget.pause()  # producers keep playing during validation; only learner time is charged
             final = budget.is_last_step(done, cfg.total_steps)
@@ -223,6 +227,24 @@ class Trainer:
                      ", ".join(sorted(fired)) or f"none for {self.bound.patience} steps")
             self.buffer.set_max_staleness(self.bound.k)
             await self.runtime.admission.set_max_staleness(self.bound.k)
+
+    def log_episodes(self, step: int, batch: Batch) -> None:
+        """Every ``logging.episodes_every`` steps, a few of the batch's episodes as text."""
+        every, n = self.cfg.logging.episodes_every, self.cfg.logging.episodes_per_log
+        if not every or step % every:
+            return
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.path)
+        rows = []
+        for group in sorted(batch.groups, key=lambda g: g.index)[:n]:
+            traj = group.trajectories[0]
+            rows.append({"env_tag": traj.env_tag, "seed": traj.seed, "group_index": group.index,
+                         "score": traj.score, "success": traj.success,
+                         "staleness": None if traj.oldest_version == NO_VERSION else self.version - 1 - traj.oldest_version,
+                         "text": self._tokenizer.decode(traj.token_ids.tolist())})
+        self.sink.log_episodes(step, rows)
 
     def published_version(self) -> int:
         """What the engines serve at learner version v: v, or v - k under fixed lag."""
@@ -330,6 +352,7 @@ def train(cfg: RunConfig | None = None, *, resume: Path | None = None, runtime: 
             # Records past the checkpoint belong to steps that will run again: rewind them. W&B cannot
             # rewind offline, so it skips the steps it already has (no duplicate points).
             skip_wandb_until = rewind_jsonl(run_dir.metrics_path, step, key="learner/step")
+            rewind_jsonl(run_dir.episodes_path, step, key="learner/step")
     else:
         assert cfg is not None
         run_dir = RunDir.create(cfg, run_dir_path)

@@ -43,6 +43,10 @@ class RunDir:
         return self.path / "metrics.jsonl"
 
     @property
+    def episodes_path(self) -> Path:
+        return self.path / "episodes.jsonl"
+
+    @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
 

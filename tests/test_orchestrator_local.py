@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -163,3 +164,21 @@ def test_sigterm_stops_after_the_current_step_with_a_checkpoint_and_resume_compl
 
     orchestrator.train(None, resume=path, runtime=LocalRuntime(cfg, fake_bandit_engine(chat)))
     assert steps_logged() == list(range(1, 9))
+
+
+def test_sampled_episodes_are_written_as_text_every_n_steps(tiny_model_path, tmp_path):
+    from ragen_async.orchestrator import make_sink
+
+    cfg = bandit_cfg(tiny_model_path, tmp_path, "logging.episodes_every=2", "logging.episodes_per_log=3")
+    run_dir = RunDir.create(cfg)
+    sink = make_sink(cfg, run_dir)
+    try:
+        run_trainer(cfg, run_dir, sink, LocalRuntime(cfg, fake_bandit_engine(ChatFormat.from_pretrained(tiny_model_path))))
+    finally:
+        sink.close()
+    rows = [json.loads(line) for line in run_dir.episodes_path.read_text().splitlines()]
+    assert [r["learner/step"] for r in rows] == [2, 2, 2]  # steps 1..3, every 2nd: step 2 only
+    assert [r["group_index"] for r in rows] == sorted(r["group_index"] for r in rows)
+    for r in rows:
+        assert r["env_tag"] == "Bandit" and r["staleness"] == 0 and isinstance(r["success"], bool)
+        assert "<think> pick </think>" in r["text"] and ("Phoenix" in r["text"] or "Dragon" in r["text"])

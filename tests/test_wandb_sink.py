@@ -29,6 +29,10 @@ def test_offline_run_has_the_sweep_group_tags_histogram_and_best_summary(tmp_pat
         hist = sink.run.summary["staleness/token_histogram"]
         assert hist["_type"] == "histogram" and list(hist["values"]) == [30, 4]
         sink.alert("Collapse", "an offline run has no one to notify: nothing is sent, nothing fails")
+        sink.log_episodes(3, [{"env_tag": "Bandit", "seed": 7, "group_index": 2, "score": 1.0, "success": True,
+                               "staleness": 1, "text": "<think> pick </think> <answer> Dragon </answer>"}])
+        table = sink.run.summary["episodes"]
+        assert table["_type"] == "table-file" and table["nrows"] == 1 and table["ncols"] == 7
     finally:
         sink.close()
     assert list(tmp_path.glob("wandb/offline-run-*/run-*.wandb")), "no offline run files were written"
