@@ -15,7 +15,9 @@ directories, sweep directories, or folders holding either) and writes into ``out
   = bounded, dashed = fixed lag);
 * ``staleness_stability.png``: final validation success and largest gradient norm against k, one
   marker shape per off-policy correction, each (k, correction, lag) as its mean over seeds with a 95 %
-  interval.
+  interval;
+* ``cells_val_success.png``: validation success per cell (mean over seeds, 95 % band) against the
+  learner step and against training wall-clock.
 
 Runs may be of different lengths, still running (a half-written last line is skipped with a
 warning), resumed (a replayed step keeps its latest record), or missing any metric (shown as —).
@@ -623,6 +625,67 @@ def plot_curves(runs: Sequence[RunData], out: Path, smooth: int = 1) -> list[Pat
     return written
 
 
+def _cell_label(cell: dict[str, str], varying: Sequence[str]) -> str:
+    return ", ".join(f"{k.rsplit('.', 1)[-1]}={cell.get(k, MISSING)}" for k in varying) or "all runs"
+
+
+def val_success_vs_time(run: RunData) -> tuple[np.ndarray, np.ndarray]:
+    """(training minutes, validation success): each validation at the training time its step ended
+    (``timing/budget_spent_s``, else the summed step times; validation itself not counted)."""
+    steps, values = run.val_success()
+    t_steps, spent = run.series("timing/budget_spent_s")
+    if not spent.size:
+        t_steps, step_s = run.series("timing/step_s")
+        spent = np.cumsum(step_s)
+    if not spent.size or not steps.size:
+        return np.zeros(0), np.zeros(0)
+    minutes = np.interp(steps, np.r_[0.0, t_steps], np.r_[0.0, spent]) / 60.0
+    return minutes, values
+
+
+def plot_cells(runs: Sequence[RunData], summaries: Sequence[RunSummary], out: Path, points: int = 50) -> Path | None:
+    """Validation success of each cell (runs differing only in their seed) against the learner step and
+    against training wall-clock: the mean over seeds, and a band of its 95 % interval where a cell has
+    two or more seeds (each seed interpolated onto a common grid within the range all seeds cover)."""
+    from matplotlib.figure import Figure
+
+    cells: dict[str, list[RunData]] = {}
+    labels: dict[str, dict[str, str]] = {}
+    for run, s in zip(runs, summaries, strict=True):
+        if s.cell and run.val_success()[0].size >= 2:
+            key = "|".join(f"{k}={v}" for k, v in s.cell.items())
+            cells.setdefault(key, []).append(run)
+            labels[key] = s.cell
+    if not cells:
+        return None
+    varying = [k for k in dict.fromkeys(k for c in labels.values() for k in c)
+               if len({c.get(k) for c in labels.values()}) > 1]
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    axes = fig.subplots(1, 2, sharey=True)
+    palette = [f"C{i}" for i in range(10)]
+    for i, (key, members) in enumerate(sorted(cells.items())):
+        color = palette[i % len(palette)]
+        for ax, series in ((axes[0], RunData.val_success), (axes[1], val_success_vs_time)):
+            curves = [series(r) for r in members]
+            lo, hi = max(c[0][0] for c in curves), min(c[0][-1] for c in curves)
+            if hi <= lo:
+                continue
+            grid = np.linspace(lo, hi, points)
+            ys = np.array([np.interp(grid, x, y) for x, y in curves])
+            mean = ys.mean(axis=0)
+            label = f"{_cell_label(labels[key], varying)} (n={len(members)})"
+            ax.plot(grid, mean, color=color, lw=1.6, label=label)
+            if len(members) >= 2:
+                half = study.t95(len(members)) * ys.std(axis=0, ddof=1) / math.sqrt(len(members))
+                ax.fill_between(grid, mean - half, mean + half, color=color, alpha=0.2, lw=0)
+    axes[0].set(xlabel="learner step", ylabel="validation success", title="per cell: mean over seeds, 95 % band")
+    axes[1].set(xlabel="training wall-clock (minutes, validation excluded)", title="the same against time")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, frameon=False, loc="best")
+    return _save(fig, out / "cells_val_success.png")
+
+
 def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path | None:
     """Final validation success and largest gradient norm against k, a marker shape per correction:
     every run as a point, and per (k, correction, lag) the mean over seeds with its 95 % interval."""
@@ -694,6 +757,9 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
     stability = plot_staleness_summary([s for s, r in zip(summaries, runs, strict=True) if r.train or r.val], out)
     if stability is not None:
         plots.append(stability)
+    cells_plot = plot_cells(runs, summaries, out)
+    if cells_plot is not None:
+        plots.append(cells_plot)
 
     sources = ", ".join(f"`{p}`" for p in paths)
     lines = [f"# {title or 'ragen_async report'}", "",
@@ -708,6 +774,8 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
         lines += [f"![{p.stem}]({p.name})" for p in plots if p.name.startswith("curves_")]
         if stability is not None:
             lines += ["", "## Staleness vs stability", "", f"![staleness vs stability]({stability.name})"]
+        if cells_plot is not None:
+            lines += ["", "## Cells over steps and wall-clock", "", f"![cells]({cells_plot.name})"]
         lines.append("")
     lines += ["## Runs", ""]
     for run, s in zip(runs, summaries, strict=True):

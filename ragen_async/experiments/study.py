@@ -22,7 +22,7 @@ from scipy import stats
 from ragen_async.collapse import SIGNAL_KEYS, SIGNALS, Collapse, CollapseWatch, EarlyWarning, find_collapse
 
 __all__ = ["SIGNALS", "SIGNAL_KEYS", "Collapse", "CollapseWatch", "EarlyWarning", "find_collapse", "signal_steps",
-           "lead_times", "interval", "cell_table", "format_mean_ci"]
+           "lead_times", "interval", "t95", "cell_table", "format_mean_ci"]
 
 
 
@@ -48,6 +48,11 @@ def lead_times(train_steps: dict[str, tuple[np.ndarray, np.ndarray]], collapse: 
     return out
 
 
+def t95(n: int) -> float:
+    """The t quantile of a two-sided 95 % interval over ``n`` >= 2 values."""
+    return float(stats.t.ppf(0.975, n - 1))
+
+
 def interval(values: Sequence[float]) -> tuple[float, float, int]:
     """(mean, 95 % half-width, n) over the finite values; half-width NaN below two values."""
     x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
@@ -56,7 +61,7 @@ def interval(values: Sequence[float]) -> tuple[float, float, int]:
         return math.nan, math.nan, 0
     if n == 1:
         return float(x[0]), math.nan, 1
-    half = float(stats.t.ppf(0.975, n - 1) * x.std(ddof=1) / math.sqrt(n))
+    half = t95(n) * float(x.std(ddof=1)) / math.sqrt(n)
     return float(x.mean()), half, n
 
 

@@ -79,3 +79,23 @@ def test_the_report_pools_seeds_into_cells_with_intervals(tmp_path, make_run):
     summary = (tmp_path / "out" / "summary.csv").read_text().splitlines()
     assert "collapse_step" in summary[0]
     assert any(line.startswith("k4-s0,") and ",15," in line for line in summary[1:])
+
+
+def test_validation_is_placed_at_the_training_time_its_step_ended(tmp_path, make_run):
+    from ragen_async.experiments.report import RunData, val_success_vs_time
+
+    run = RunData.load(make_run(tmp_path / "r", steps=20, k=1))  # steps take 2.1 s each, validation every 5
+    minutes, success = val_success_vs_time(run)
+    assert minutes == pytest.approx(np.array([0, 5, 10, 15, 20]) * 2.1 / 60)
+    assert success == pytest.approx([0.3, 0.55, 0.8, 1.0, 1.0])
+
+
+def test_the_cells_figure_is_drawn_and_linked(tmp_path, make_run):
+    root = tmp_path / "sweep"
+    for seed in range(3):
+        make_run(root / f"k1-s{seed}", k=1, seed=seed, val_curve=lambda step, total, s=seed: 0.1 * s + step / total / 2)
+    make_run(root / "k2-s0", k=2, seed=0)
+    result = write_report([root], tmp_path / "out")
+    figure = tmp_path / "out" / "cells_val_success.png"
+    assert figure in result.plots and figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "![cells](cells_val_success.png)" in result.markdown.read_text()
