@@ -286,6 +286,7 @@ class Trainer:
             "timing/step_s": step_s, "timing/wait_batch_s": wait_s, "timing/train_s": train_s,
             "timing/budget_spent_s": budget_s,
             "throughput/tokens_per_s": n_tokens / max(step_s, 1e-9),
+            "throughput/groups_per_s": len(batch.groups) / max(step_s, 1e-9),
             "throughput/learner_tokens_per_s": learner_metrics.get("learner/num_tokens", 0.0) / max(train_s, 1e-9),
         }
 

@@ -19,7 +19,7 @@ from ragen_async.runtime import LocalRuntime
 REQUIRED = ["learner/step", "policy_version", "rollout/success", "rollout/reward_mean",
             "rollout/in_group_reward_std", "rollout/response_length", "actor/entropy", "actor/grad_norm",
             "actor/pg_clipfrac", "actor/ppo_kl", "critic/vf_loss", "filter/kept_groups", "timing/step_s",
-            "throughput/tokens_per_s", "rollout/Bandit/success", "staleness/mean", "weight_sync/time_s"]
+            "throughput/tokens_per_s", "throughput/groups_per_s", "rollout/Bandit/success", "staleness/mean", "weight_sync/time_s"]
 
 
 def bandit_cfg(model_path, tmp_path, *overrides):

@@ -321,6 +321,7 @@ class RunSummary:
     k3_mismatch: float
     step_time: float
     tokens_per_s: float = math.nan
+    groups_per_s: float = math.nan
     collapse: study.Collapse = study.Collapse(False, None, math.nan, None)
     lead: dict[str, int | None] = field(default_factory=dict)
     """Per early-warning signal, steps from its first firing to the collapse (``study.lead_times``)."""
@@ -385,6 +386,7 @@ def summarize(run: RunData, threshold: float = 0.9) -> RunSummary:
         k3_mismatch=_nanmean(run.series("mismatch/k3_kl")[1]),
         step_time=_nanmean(run.series("timing/step_s")[1]),
         tokens_per_s=_nanmean(run.series("throughput/tokens_per_s")[1]),
+        groups_per_s=_nanmean(run.series("throughput/groups_per_s")[1]),
         collapse=collapse,
         lead=study.lead_times({sig: run.series(key) for sig, key in study.SIGNAL_KEYS.items()}, collapse),
         cell=run.cell,
@@ -473,6 +475,7 @@ def _csv_rows(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
             "staleness_max": s.staleness_max, "grad_norm_max": s.grad_norm_max, "entropy_min": s.entropy_min,
             "reward_std_first": s.reward_std_first, "reward_std_last": s.reward_std_last,
             "k3_mismatch": s.k3_mismatch, "step_time_s": s.step_time, "tokens_per_s": s.tokens_per_s,
+            "groups_per_s": s.groups_per_s,
             "collapsed": float(s.collapse.collapsed), "collapse_step": s.collapse.step,
             **{f"lead_{sig}": s.lead.get(sig) for sig in study.SIGNALS},
         }
@@ -483,7 +486,8 @@ def _csv_rows(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
 
 
 CELL_VALUES = (("final_val", "final val", ".3f"), ("best_val", "best val", ".3f"),
-               ("tokens_per_s", "tokens/s", ".0f"), ("staleness_mean", "staleness mean", ".2f"),
+               ("groups_per_s", "groups/s", ".2f"), ("tokens_per_s", "tokens/s", ".0f"),
+               ("staleness_mean", "staleness mean", ".2f"),
                ("collapsed", "collapsed (share)", ".2f"),
                *((f"lead_{sig}", f"lead: {sig.replace('_', ' ')} (steps)", ".1f") for sig in study.SIGNALS))
 
