@@ -150,7 +150,10 @@ def test_resume_continues_the_index_sequence_and_the_bound(tiny_model_path, tmp_
     base = ray_cfg(tiny_model_path, tmp_path).rollout.seed
     assert all(g["seed"] == base + int(g["group_id"][1:]) for g in groups)
     after = {int(g["group_id"][1:]) for p in provenance[3:] for g in p["groups"]}
-    assert min(saved["admission"]["outstanding"]) in after  # the outstanding groups were replayed
+    # The outstanding groups were replayed: consumed after the resume, or received and dropped with a
+    # reason (a replayed group that arrives late is as stale as any other; seen once in CI).
+    dropped_after = {d["index"] for p in provenance[3:] for d in p["dropped"]}
+    assert min(saved["admission"]["outstanding"]) in after | dropped_after
     staleness = consumed_staleness(provenance)
     assert max(staleness) <= k
     final = json.loads((run_dir.checkpoints / "step_000006" / "driver_state.json").read_text())
