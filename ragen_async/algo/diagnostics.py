@@ -79,9 +79,10 @@ def lag_sums(
     trained = mask > 0
     m = trained.double()
     idx = staleness.long().clamp(0, num_buckets - 1)
-    log_ratio = torch.where(trained, (learner_logprobs - behaviour_logprobs).double(), 0.0).clamp(-20.0, 20.0)
-    w = log_ratio.exp()
-    k3 = w - 1.0 - log_ratio  # k3 estimate of KL(behaviour || learner) from behaviour's samples
+    behaviour = torch.where(trained, behaviour_logprobs, 0.0).double()
+    learner = torch.where(trained, learner_logprobs, 0.0).double()
+    w = (learner - behaviour).clamp(-20.0, 20.0).exp()
+    k3 = kl_estimate(behaviour, learner, "k3")  # KL(behaviour || learner) from behaviour's samples
     outside = ((w < 1.0 - clip_low) | (w > 1.0 + clip_high)).double()
     abs_adv = torch.where(trained, advantages.double().abs(), 0.0)
     token_rows = [m, k3 * m, w * m, w * w * m, outside * m, abs_adv]
@@ -99,7 +100,7 @@ def lag_sums(
 
 def lag_metrics(sums: list[list[float]], prefix: str = "lag") -> dict[str, float]:
     """``{prefix}/{s}/...`` per bucket from :func:`lag_sums`'s rows (summed over ranks, as host lists;
-    the last bucket is named ``{K-1}+``): ``tokens`` and
+    the last bucket is named ``{K-1}+``), and ``mismatch/k3_kl``, the same KL over all lags: ``tokens`` and
     ``trajectories`` always (0 marks an empty bucket, so every step logs every bucket); where the bucket
     holds tokens, ``k3_kl`` (behaviour vs learner), ``is_ess`` (the importance weights' effective sample
     size over the token count, 1 = no mismatch), ``is_outside_clip`` (share of tokens whose weight leaves
@@ -107,7 +108,8 @@ def lag_metrics(sums: list[list[float]], prefix: str = "lag") -> dict[str, float
     trajectories, their mean ``reward`` and ``success``."""
     rows = dict(zip(LAG_SUMS, sums, strict=True))
     total_adv = sum(rows["abs_adv"])
-    out: dict[str, float] = {}
+    n_all = sum(rows["tokens"])
+    out: dict[str, float] = {"mismatch/k3_kl": sum(rows["k3"]) / n_all} if n_all > 0 else {}
     last = len(rows["tokens"]) - 1
     for s in range(len(rows["tokens"])):
         key = f"{prefix}/{s}{'+' if s == last else ''}"

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from ragen_async.collapse import SIGNAL_KEYS, SIGNALS, Collapse, find_collapse
 from ragen_async.experiments import study
 
 STEP = "learner/step"
@@ -322,7 +323,7 @@ class RunSummary:
     step_time: float
     tokens_per_s: float = math.nan
     groups_per_s: float = math.nan
-    collapse: study.Collapse = study.Collapse(False, None, math.nan, None)
+    collapse: Collapse = Collapse(False, None, math.nan, None)
     lead: dict[str, int | None] = field(default_factory=dict)
     """Per early-warning signal, steps from its first firing to the collapse (``study.lead_times``)."""
     cell: dict[str, str] = field(default_factory=dict)
@@ -362,7 +363,7 @@ def _early_late(values: np.ndarray, fraction: float = 0.1) -> tuple[float, float
 
 
 def summarize(run: RunData, threshold: float = 0.9) -> RunSummary:
-    collapse = study.find_collapse(*run.val_success())
+    collapse = find_collapse(*run.val_success())
     envs = {tag: _validation(*run.series(f"val/{tag}/success", validation=True), threshold)
             for tag in run.val_envs}
     if not envs and run.series("val/success", validation=True)[0].size:
@@ -388,7 +389,7 @@ def summarize(run: RunData, threshold: float = 0.9) -> RunSummary:
         tokens_per_s=_nanmean(run.series("throughput/tokens_per_s")[1]),
         groups_per_s=_nanmean(run.series("throughput/groups_per_s")[1]),
         collapse=collapse,
-        lead=study.lead_times({sig: run.series(key) for sig, key in study.SIGNAL_KEYS.items()}, collapse),
+        lead=study.lead_times({sig: run.series(key) for sig, key in SIGNAL_KEYS.items()}, collapse),
         cell=run.cell,
     )
 
@@ -477,7 +478,7 @@ def _csv_rows(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
             "k3_mismatch": s.k3_mismatch, "step_time_s": s.step_time, "tokens_per_s": s.tokens_per_s,
             "groups_per_s": s.groups_per_s,
             "collapsed": float(s.collapse.collapsed), "collapse_step": s.collapse.step,
-            **{f"lead_{sig}": s.lead.get(sig) for sig in study.SIGNALS},
+            **{f"lead_{sig}": s.lead.get(sig) for sig in SIGNALS},
         }
         for env, v in s.val.items():
             row[f"val_{env}_first"], row[f"val_{env}_final"], row[f"val_{env}_best"] = v.first, v.final, v.best
@@ -489,7 +490,7 @@ CELL_VALUES = (("final_val", "final val", ".3f"), ("best_val", "best val", ".3f"
                ("groups_per_s", "groups/s", ".2f"), ("tokens_per_s", "tokens/s", ".0f"),
                ("staleness_mean", "staleness mean", ".2f"),
                ("collapsed", "collapsed (share)", ".2f"),
-               *((f"lead_{sig}", f"lead: {sig.replace('_', ' ')} (steps)", ".1f") for sig in study.SIGNALS))
+               *((f"lead_{sig}", f"lead: {sig.replace('_', ' ')} (steps)", ".1f") for sig in SIGNALS))
 
 
 def _cells_section(summaries: Sequence[RunSummary]) -> list[str]:

@@ -19,11 +19,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ragen_async.collapse import SIGNAL_KEYS, SIGNALS, Collapse, CollapseWatch, EarlyWarning, find_collapse
+from ragen_async.collapse import SIGNAL_KEYS, SIGNALS, Collapse, EarlyWarning
 
-__all__ = ["SIGNALS", "SIGNAL_KEYS", "Collapse", "CollapseWatch", "EarlyWarning", "find_collapse", "signal_steps",
-           "lead_times", "interval", "t95", "cell_table", "format_mean_ci"]
-
+__all__ = ["signal_steps", "lead_times", "interval", "t95", "cell_table", "format_mean_ci"]
 
 
 def signal_steps(steps: np.ndarray, values: np.ndarray, signal: str, window: int = 5) -> np.ndarray:

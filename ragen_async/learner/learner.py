@@ -295,8 +295,6 @@ class Learner:
                     sums[k] += v
                 n_steps += 1
         t4 = time.perf_counter()
-        on_device["mismatch/k3_kl"] = algo.masked_mean(
-            algo.kl_estimate(batch.behaviour_logprobs, old_logprobs, "k3"), batch.loss_mask)
         lag_sums = self._lag_sums(batch, old_logprobs, advantages, shard.learner_version)
         on_device.update({f"_lag/{i}": v for i, v in enumerate(lag_sums.flatten().unbind())})
         averaged = {k: v / n_steps for k, v in sums.items()}

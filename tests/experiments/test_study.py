@@ -8,20 +8,21 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from ragen_async.collapse import SIGNALS, Collapse, find_collapse
 from ragen_async.experiments import study
 from ragen_async.experiments.report import write_report
 
 
 def test_collapse_is_a_fall_below_half_the_peak_for_good():
     steps = np.arange(0, 60, 10)
-    collapsed = study.find_collapse(steps, np.array([0.2, 0.6, 0.8, 0.3, 0.2, 0.1]))
-    assert collapsed == study.Collapse(True, 30, 0.8, 20)
+    collapsed = find_collapse(steps, np.array([0.2, 0.6, 0.8, 0.3, 0.2, 0.1]))
+    assert collapsed == Collapse(True, 30, 0.8, 20)
     # One low last point is not a collapse; a recovery above half the peak is not one either.
-    assert not study.find_collapse(steps, np.array([0.2, 0.6, 0.8, 0.7, 0.6, 0.3])).collapsed
-    assert not study.find_collapse(steps, np.array([0.2, 0.8, 0.3, 0.2, 0.5, 0.1])).collapsed
+    assert not find_collapse(steps, np.array([0.2, 0.6, 0.8, 0.7, 0.6, 0.3])).collapsed
+    assert not find_collapse(steps, np.array([0.2, 0.8, 0.3, 0.2, 0.5, 0.1])).collapsed
     # A run that never learned (peak 0) or never fell cannot collapse.
-    assert not study.find_collapse(steps, np.zeros(6)).collapsed
-    assert not study.find_collapse(steps, np.linspace(0.1, 1.0, 6)).collapsed
+    assert not find_collapse(steps, np.zeros(6)).collapsed
+    assert not find_collapse(steps, np.linspace(0.1, 1.0, 6)).collapsed
 
 
 def test_signals_fire_where_the_definitions_say():
@@ -45,9 +46,9 @@ def test_lead_time_counts_steps_from_the_first_warning_to_the_collapse():
     series = {"reward_std": (steps, np.r_[np.ones(10), np.full(20, 0.1)]),
               "entropy": (steps, np.ones(30)),
               "grad_norm": (steps, np.where(steps == 25, 10.0, 1.0))}
-    lead = study.lead_times(series, study.Collapse(True, 20, 0.9, 5))
+    lead = study.lead_times(series, Collapse(True, 20, 0.9, 5))
     assert lead == {"reward_std": 7, "entropy": None, "grad_norm": None}  # the spike came after the collapse
-    assert study.lead_times(series, study.Collapse(False, None, 0.9, 5)) == dict.fromkeys(study.SIGNALS)
+    assert study.lead_times(series, Collapse(False, None, 0.9, 5)) == dict.fromkeys(SIGNALS)
 
 
 def test_interval_is_the_t_interval():
