@@ -38,6 +38,7 @@ from ragen_async.protocol import BatchShard, TrajectoryGroup
 from ragen_async.rollout.actor import AdmissionGate, RolloutActor
 from ragen_async.runtime import Admission, Runtime
 from ragen_async.transport import bind_address, make_receiver, make_sender
+from ragen_async.weight_sync import WeightSyncTimeout, resolve_backend
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,10 @@ class RayRuntime(Runtime):
     def _build(self) -> None:
         cfg = self.cfg
         check_cluster_fits(cfg, ray.cluster_resources())
+        self.weight_backend = resolve_backend(cfg.weight_sync.backend, cfg.rollout.gpus_per_worker)
         data = cfg.model_dump(mode="json")
+        data["weight_sync"]["backend"] = self.weight_backend  # resolved once, here, for every actor
+        self._actor_cfg = data
         secret = secrets.token_bytes(32)  # per-run HMAC key: nothing outside the run can inject data
         self.receiver = make_receiver(cfg.transport.kind, bind_address(cfg.transport.host), secret,
                                       hwm=cfg.transport.high_water_mark, expected=TrajectoryGroup,
@@ -156,44 +160,21 @@ class RayRuntime(Runtime):
         self._secret = secret
         self.rollouts = [self._rollout_actor(i) for i in range(cfg.rollout.num_workers)]
         ray.get([r.setup.remote() for r in self.rollouts])
-        self.weight_backend = self._weight_backend()
-        if self.weight_backend == "gloo":
-            ray.get(self._join_gloo_group())
-        elif self.weight_backend == "nccl":
-            self._connect_nccl()
+        ray.get(self._form_weight_group())
         self._vocab_size = int(ray.get(self.learners[0].vocab_size.remote()))
 
     def _rollout_actor(self, i: int) -> Any:
         cfg = self.cfg
         return RolloutActor.options(num_cpus=cfg.rollout.cpus_per_worker, num_gpus=cfg.rollout.gpus_per_worker,
-                                    max_concurrency=64).remote(cfg.model_dump(mode="json"), f"w{i}",
+                                    max_concurrency=64).remote(self._actor_cfg, f"w{i}",
                                                                self.receiver.address, self._secret, self.gate,
                                                                max(1, int(cfg.rollout.cpus_per_worker)))
 
-    def _join_gloo_group(self) -> list[Any]:
-        """(Re)form the weight-broadcast group: learner rank 0 plus every rollout actor's engine."""
-        R = len(self.rollouts)
-        address, port, self.manifest = ray.get(self.learners[0].open_weight_group.remote(R))
-        connect = self.learners[0].connect_weight_group.remote()
-        return [r.init_weight_group.remote(address, port, R + 1, i + 1, self.cfg.weight_sync.timeout_s)
-                for i, r in enumerate(self.rollouts)] + [connect]
-
-    def _connect_nccl(self) -> None:
-        """GPU path: vLLM's native NCCL weight-transfer engine, driven from learner rank 0."""
-        import torch
-
-        if not torch.cuda.is_available():
-            raise RuntimeError("weight_sync.backend=nccl needs CUDA GPUs; use gloo (or auto) on CPU")
-        # Rank 0 drives the whole exchange (init handshake, start/update/finish) through the actors.
-        ray.get(self.learners[0].open_nccl_group.remote(self.rollouts))
-        ray.get(self.learners[0].connect_weight_group.remote())
-        self.manifest = None
-
-    def _weight_backend(self) -> str:
-        b = self.cfg.weight_sync.backend
-        if b != "auto":
-            return b
-        return "nccl" if self.cfg.rollout.gpus_per_worker > 0 else "gloo"
+    def _form_weight_group(self) -> list[Any]:
+        """(Re)form the weight plane: learner rank 0's publisher and every rollout actor's receiver."""
+        infos = ray.get(self.learners[0].open_publisher.remote(self.rollouts))
+        return [r.join_weights.remote(info) for r, info in zip(self.rollouts, infos, strict=True)] + [
+            self.learners[0].connect_publisher.remote()]
 
     # ------------------------------------------------------------------ the seam
     async def start(self) -> None:
@@ -233,8 +214,7 @@ class RayRuntime(Runtime):
                 self.rollouts[i] = self._rollout_actor(i)
             try:
                 await asyncio.gather(*[self.rollouts[i].setup.remote() for i in dead])
-                if self.weight_backend == "gloo":
-                    await asyncio.gather(*self._join_gloo_group())
+                await asyncio.gather(*self._form_weight_group())
                 await self._broadcast(self._published)
                 if self._started:
                     await asyncio.gather(*[self.rollouts[i].start.remote() for i in dead])
@@ -283,18 +263,22 @@ class RayRuntime(Runtime):
         raise RuntimeError(f"weight sync of version {version} failed three times") from last
 
     async def _broadcast(self, version: int) -> None:
-        if self.weight_backend == "gloo":
-            sender = self.learners[0].publish.remote(version)
-            receivers = [r.receive_broadcast.remote(self.manifest, version) for r in self.rollouts]
-            results = await asyncio.gather(sender, *receivers, return_exceptions=True)  # wait for every peer
-            for res in results:
-                if isinstance(res, BaseException):
-                    raise res
-        elif self.weight_backend == "nccl":
-            await self.learners[0].publish.remote(version)  # rank 0's client drives every engine
-        else:  # rpc: tensors through the object store (tests, tiny models)
-            weights = await self.learners[0].weights_for_rpc.remote(version)
-            await asyncio.gather(*[r.load_state_dict.remote(weights, version) for r in self.rollouts])
+        """One sync, the same for every backend: rank 0's ticket goes to every receiver while rank 0
+        publishes (no ticket: rank 0 drives the receivers itself). Both ends bound each blocking step by
+        ``weight_sync.timeout_s``; the bound here is a backstop for a peer that stops answering Ray."""
+        ticket = await self.learners[0].weight_ticket.remote(version)
+        calls = [self.learners[0].publish.remote(version)]
+        if ticket is not None:
+            calls += [r.receive_weights.remote(ticket) for r in self.rollouts]
+        backstop_s = 2 * self.cfg.weight_sync.timeout_s + 60
+        try:
+            results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), backstop_s)
+        except TimeoutError:
+            raise WeightSyncTimeout(f"weight sync of version {version} ({self.weight_backend}): learner rank 0 or "
+                                    f"a rollout actor did not answer within {backstop_s:g} s") from None
+        for res in results:  # after every peer finished
+            if isinstance(res, BaseException):
+                raise res
 
     async def probe(self, token_ids: list[int]) -> tuple[list[float], list[list[float]]]:
         learner_lp, *engine_lps = await asyncio.gather(self.learners[0].probe_logprobs.remote(token_ids),

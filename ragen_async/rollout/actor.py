@@ -23,6 +23,7 @@ from ragen_async.rollout.engines import make_engine
 from ragen_async.rollout.worker import RolloutWorker, validate_engine
 from ragen_async.staleness import AdmissionController
 from ragen_async.transport import make_sender
+from ragen_async.weight_sync import WeightReceiver, make_receiver, resolve_backend
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +57,17 @@ class RolloutActor:
         self._send_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"send-{worker_id}")
         self._sender = None
         self.worker: RolloutWorker | None = None
+        self.receiver: WeightReceiver | None = None
         self._started_at = 0.0
         self._sent = 0
 
     async def setup(self) -> int:
         """Start the engine (on this actor's event loop) and connect the sender; returns the version."""
         cfg = self.cfg
-        backend = "nccl" if self._weight_backend() == "nccl" else None
-        engine = make_engine(cfg, seed=cfg.seed + hash_worker(self.worker_id), weight_transfer_backend=backend)
+        backend = resolve_backend(cfg.weight_sync.backend, cfg.rollout.gpus_per_worker)  # the driver resolved it
+        engine = make_engine(cfg, seed=cfg.seed + hash_worker(self.worker_id),
+                             weight_transfer_backend="nccl" if backend == "nccl" else None)
+        self.receiver = make_receiver(backend, engine, cfg.weight_sync.timeout_s)
         chat = ChatFormat.from_pretrained(cfg.model.path, enable_think=cfg.agent.enable_think)
         self.worker = RolloutWorker(cfg, engine, chat, worker_id=self.worker_id)
         loop = asyncio.get_running_loop()
@@ -71,12 +75,6 @@ class RolloutActor:
             cfg.transport.kind, self.buffer_address, self.secret, hwm=cfg.transport.high_water_mark,
             send_timeout_s=cfg.transport.send_timeout_s))
         return engine.policy_version
-
-    def _weight_backend(self) -> str:
-        b = self.cfg.weight_sync.backend
-        if b != "auto":
-            return b
-        return "nccl" if self.cfg.rollout.gpus_per_worker > 0 else "gloo"
 
     async def _admit(self) -> int | None:
         return await self.gate.try_admit.remote(self.worker_id)
@@ -131,31 +129,14 @@ class RolloutActor:
         return {"busy_s": w.busy_s, "admission_wait_s": w.admission_wait_s, "elapsed_s": elapsed,
                 "groups_sent": float(self._sent), "policy_version": float(w.engine.policy_version)}
 
-    # ---- weight sync (the engine does pause -> load -> resume) ----------------------------------
-    async def init_weight_group(self, master_address: str, master_port: int, world_size: int, rank: int,
-                                timeout_s: float) -> None:
-        await self.worker.engine.init_weight_group(master_address, master_port, world_size, rank, timeout_s)
+    # ---- weight sync: this actor's receiver (built for the run's backend) does the transfer --------
+    async def join_weights(self, info: dict | None) -> None:
+        await self.receiver.join(info)
 
-    async def receive_broadcast(self, manifest: Any, version: int) -> float:
+    async def receive_weights(self, ticket: dict) -> dict:
         t0 = time.perf_counter()
-        await self.worker.engine.receive_broadcast(manifest, version)
-        return time.perf_counter() - t0
-
-    # ---- GPU: vLLM's native NCCL weight transfer (driven from learner rank 0, see weight_sync.nccl)
-    async def init_weight_transfer_engine(self, init_info: dict) -> None:
-        await self.worker.engine.init_weight_transfer_engine(init_info)
-
-    async def start_weight_update(self) -> None:
-        await self.worker.engine.start_weight_update()
-
-    async def update_weights(self, update_info: Any) -> None:
-        await self.worker.engine.update_weights(update_info)
-
-    async def finish_weight_update(self, weight_version: str | None = None) -> None:
-        await self.worker.engine.finish_weight_update(weight_version)
-
-    async def load_state_dict(self, items: list[tuple[str, Any]], version: int) -> None:
-        await self.worker.engine.load_state_dict(items, version)
+        stats = await self.receiver.receive(ticket)
+        return {**stats, "receive_s": time.perf_counter() - t0}
 
     async def probe_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
         return await self.worker.engine.prompt_logprobs(token_ids, temperature)
@@ -171,6 +152,11 @@ class RolloutActor:
         await self.stop()
         if self._sender is not None:
             await asyncio.get_running_loop().run_in_executor(self._send_pool, self._sender.close)
+        if self.receiver is not None:
+            try:
+                await self.receiver.close()
+            except Exception as e:  # noqa: BLE001 - a group already broken must not stop the shutdown
+                log.warning("rollout actor %s: leaving the weight group failed: %s", self.worker_id, e)
         if self.worker is not None:
             self.worker.engine.shutdown()
         self._send_pool.shutdown(wait=False)

@@ -1,26 +1,35 @@
 """Weight plane: learner rank 0 publishes versioned weights to every inference engine.
 
-``InProcessPublisher`` (same process), ``GlooBroadcastPublisher`` (CPU / any host, a dedicated
-gloo group) and ``NcclPublisher`` (GPU, vLLM's native NCCL weight transfer) implement
-:class:`WeightPublisher`; :class:`RingBuffer` keeps recent versions for fixed-lag publishing.
+A :class:`WeightPublisher` (learner rank 0) and a :class:`WeightReceiver` (next to each engine) form
+a matching pair, built from the config by :mod:`ragen_async.weight_sync.factory`: gloo (CPU / any host,
+a dedicated gloo group), NCCL (GPU, vLLM's native weight transfer), rpc (tensors through the control
+plane). ``InProcessPublisher`` loads engines of the same process directly; :class:`RingBuffer` keeps
+recent versions for fixed-lag publishing.
 """
 
 from ragen_async.weight_sync.base import (
     Manifest,
     RingBuffer,
+    Ticket,
     WeightPublisher,
+    WeightReceiver,
     WeightSyncError,
     WeightSyncTimeout,
     make_manifest,
 )
+from ragen_async.weight_sync.factory import make_publisher, make_receiver, resolve_backend
 from ragen_async.weight_sync.gloo import (
     GlooBroadcastPublisher,
+    GlooReceiver,
+    LocalGlooReceiver,
     broadcast_to_engines,
     connect_engines,
 )
 from ragen_async.weight_sync.inproc import InProcessPublisher
-from ragen_async.weight_sync.nccl import LocalEnginesClient, NcclPublisher
+from ragen_async.weight_sync.nccl import LocalReceiversClient, NcclPublisher, NcclReceiver, RayActorsClient
 
-__all__ = ["GlooBroadcastPublisher", "InProcessPublisher", "LocalEnginesClient", "Manifest",
-           "NcclPublisher", "RingBuffer", "WeightPublisher", "WeightSyncError", "WeightSyncTimeout",
-           "broadcast_to_engines", "connect_engines", "make_manifest"]
+__all__ = ["GlooBroadcastPublisher", "GlooReceiver", "InProcessPublisher", "LocalGlooReceiver",
+           "LocalReceiversClient", "Manifest", "NcclPublisher", "NcclReceiver", "RayActorsClient", "RingBuffer",
+           "Ticket", "WeightPublisher", "WeightReceiver", "WeightSyncError", "WeightSyncTimeout",
+           "broadcast_to_engines", "connect_engines", "make_manifest", "make_publisher", "make_receiver",
+           "resolve_backend"]

@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -160,9 +161,31 @@ def check_header(header: torch.Tensor, manifest: Sequence[ManifestEntry], versio
     return bucket_bytes
 
 
-# ---- publisher ABC and ring buffer ----------------------------------------------------------
+# ---- the seam: a publisher on learner rank 0, a receiver next to every engine --------------
+Ticket = dict[str, Any]
+"""What every receiver needs to load one version (plain data: it travels through Ray unchanged)."""
+
+
 class WeightPublisher(ABC):
-    """Learner rank 0's side of the weight plane."""
+    """Learner rank 0's side of the weight plane. One sync, as the driver runs it::
+
+        ticket = publisher.ticket(named, v)        # None: the publisher drives the receivers itself
+        concurrently: publisher.publish(named, v)  and  receiver.receive(ticket) on every engine
+    """
+
+    def connect(self) -> None:  # noqa: B027 - optional hook: publishers without a group need none
+        """Form the group with the receivers (blocks until every one joined); ``publish`` calls it.
+        Run it concurrently with each receiver's ``join(receiver_info(i))``."""
+
+    def receiver_info(self, i: int) -> dict | None:
+        """What receiver ``i`` (0-based) passes to :meth:`WeightReceiver.join`; ``None`` when it needs
+        nothing (no group, or the publisher makes the receivers join itself)."""
+        return None
+
+    def ticket(self, named_tensors: Sequence[tuple[str, torch.Tensor]], version: int) -> Ticket | None:
+        """What every receiver's :meth:`WeightReceiver.receive` needs for ``version``; ``None`` when the
+        publisher drives the receivers itself (NCCL)."""
+        return {"version": int(version)}
 
     @abstractmethod
     def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
@@ -172,6 +195,30 @@ class WeightPublisher(ABC):
     @abstractmethod
     def close(self) -> None:
         """Tear down the transport. Idempotent."""
+
+
+class WeightReceiver(ABC):
+    """An engine's side of the weight plane; it lives with the engine (in the rollout actor), so the
+    engine itself knows nothing about transfers.
+
+    Contract of :meth:`receive`: it returns or raises within ``timeout_s`` (plus the load), and when it
+    raises the engine is serving again with its previous weights and version, and the error names the
+    group, the peer and the phase.
+    """
+
+    def __init__(self, engine: Any, timeout_s: float):
+        self.engine = engine
+        self.timeout_s = float(timeout_s)
+
+    async def join(self, info: dict | None) -> None:  # noqa: B027 - optional hook
+        """Join the publisher's group (``info`` from :meth:`WeightPublisher.receiver_info`)."""
+
+    @abstractmethod
+    async def receive(self, ticket: Ticket) -> dict:
+        """Load one version (``ticket`` from :meth:`WeightPublisher.ticket`); returns receive stats."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Leave the group. Idempotent."""
 
 
 class RingBuffer:

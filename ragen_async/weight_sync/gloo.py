@@ -6,15 +6,15 @@ the learner's default group nor vLLM's, so it cannot interfere with either.
 
 Protocol of one sync (both sides derive everything from the same manifest)::
 
-    orchestrator: manifest = publisher.manifest(named_tensors)
+    driver:       ticket = publisher.ticket(named_tensors, v)  # {"version", "manifest"}
     concurrently: publisher.publish(named_tensors, v)          # learner rank 0
-                  engine.receive_broadcast(manifest, v)         # every engine
+                  receiver.receive(ticket)                     # next to every engine
     wire:         header (int64[6]: magic, version, #tensors, bucket bytes, manifest crc, #buckets)
                   then one broadcast per packed buffer (per dtype, <= bucket bytes, as raw bytes)
 
 Every collective has a timeout; a timeout or a dead peer raises :class:`WeightSyncError` /
 :class:`WeightSyncTimeout` naming the group. After an error the group is unusable: close it and
-build a new one (``connect``/``init_weight_group`` again, on a fresh port).
+build a new one (``connect``/``join`` again, on a fresh port).
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ from ragen_async.weight_sync.base import (
     Bucket,
     Manifest,
     ManifestEntry,
+    Ticket,
     WeightPublisher,
+    WeightReceiver,
     WeightSyncError,
     WeightSyncTimeout,
     bucket_nbytes,
@@ -136,8 +138,8 @@ class GlooBroadcastPublisher(WeightPublisher):
     """Learner rank 0: hosts the group's ``TCPStore`` and broadcasts packed weights.
 
     ``master_port=0`` picks a free port (read it back from :attr:`master_port`). The group forms in
-    :meth:`connect`, which blocks until every receiver called its ``init_weight_group`` (so run both
-    concurrently, e.g. :func:`connect_engines`); :meth:`publish` connects first if needed.
+    :meth:`connect`, which blocks until every receiver joined (so run both concurrently, e.g.
+    :func:`connect_engines`); :meth:`publish` connects first if needed.
     """
 
     def __init__(self, master_address: str, master_port: int, num_receivers: int,
@@ -177,8 +179,15 @@ class GlooBroadcastPublisher(WeightPublisher):
 
     @staticmethod
     def manifest(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Manifest:
-        """What the receivers must be told (pass it to each engine's ``receive_broadcast``)."""
+        """What the receivers must be told (it is in every :meth:`ticket`)."""
         return make_manifest(named_tensors)
+
+    def receiver_info(self, i: int) -> dict:
+        return {"address": self.master_address, "port": self.master_port, "world_size": self.world_size,
+                "rank": i + 1}
+
+    def ticket(self, named_tensors: Sequence[tuple[str, torch.Tensor]], version: int) -> Ticket:
+        return {"version": int(version), "manifest": make_manifest(named_tensors)}
 
     def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         named = [(n, t.detach().to("cpu")) for n, t in named_tensors]
@@ -211,23 +220,76 @@ class GlooBroadcastPublisher(WeightPublisher):
         self._store = None
 
 
-async def connect_engines(publisher: GlooBroadcastPublisher, engines: Sequence[Any],
-                          first_rank: int = 1) -> None:
-    """Form the group between ``publisher`` and in-process engines that have
-    ``init_weight_group`` (e.g. :class:`~ragen_async.inference.vllm_engine.VLLMEngine`), engine i at
-    rank ``first_rank + i`` (one worker per engine)."""
-    await asyncio.gather(
-        asyncio.to_thread(publisher.connect),
-        *(e.init_weight_group(publisher.master_address, publisher.master_port, publisher.world_size,
-                              first_rank + i, publisher.timeout_s) for i, e in enumerate(engines)))
+class GlooReceiver(WeightReceiver):
+    """Receives in the engine's own workers: an engine with worker processes (vLLM) runs the receive in
+    its worker extension, which joins the group at ``rank + worker rank`` and loads in place. The engine
+    provides ``worker_rpc(method, *args, what=...)`` and ``updating(version)`` (pause, load, stamp the
+    version, resume; resumed on failure too)."""
+
+    async def join(self, info: dict | None) -> None:
+        assert info is not None
+        await self.engine.worker_rpc("init_weight_group", info["address"], int(info["port"]),
+                                     int(info["world_size"]), int(info["rank"]), self.timeout_s,
+                                     what="joining the weight group")
+
+    async def receive(self, ticket: Ticket) -> dict:
+        version = int(ticket["version"])
+        manifest = [(str(n), str(d), [int(x) for x in s]) for n, d, s in ticket["manifest"]]
+        async with self.engine.updating(version):
+            stats = await self.engine.worker_rpc("receive_broadcast", manifest, version,
+                                                 what=f"receiving version {version}")
+        return stats[0]
+
+    async def close(self) -> None:
+        await self.engine.worker_rpc("close_weight_group", what="leaving the weight group")
 
 
-async def broadcast_to_engines(publisher: GlooBroadcastPublisher, engines: Sequence[Any],
-                               named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
-                               ) -> list[dict]:
-    """One sync to in-process engines: publish and receive concurrently; each engine's receive stats."""
+class LocalGlooReceiver(WeightReceiver):
+    """Receives in this process (engines without worker processes: transformers, the fake), then
+    ``load_state_dict``. Generation goes on during the transfer; the engine swaps weights at the load."""
+
+    def __init__(self, engine: Any, timeout_s: float):
+        super().__init__(engine, timeout_s)
+        self._pg: Any = None
+        self._where = ""
+
+    async def join(self, info: dict | None) -> None:
+        assert info is not None
+        self._where = (f"weight broadcast from learner rank 0 at {group_name(info['address'], int(info['port']))} "
+                       f"(receiver rank {info['rank']})")
+        self._pg = await asyncio.to_thread(open_group, info["address"], int(info["port"]), int(info["world_size"]),
+                                           int(info["rank"]), self.timeout_s)
+
+    async def receive(self, ticket: Ticket) -> dict:
+        if self._pg is None:
+            raise WeightSyncError("receive: no weight group; join it first")
+        version = int(ticket["version"])
+        t0 = time.perf_counter()
+        try:
+            named = await asyncio.to_thread(receive_weights, self._pg, ticket["manifest"], version,
+                                            self.timeout_s, self._where)
+        except WeightSyncError:
+            self._pg = None  # the group is unusable after a failed collective
+            raise
+        recv_s = time.perf_counter() - t0
+        await self.engine.load_state_dict(named, version)
+        return {"num_tensors": len(named), "recv_s": recv_s, "version": version}
+
+    async def close(self) -> None:
+        self._pg = None
+
+
+async def connect_engines(publisher: WeightPublisher, receivers: Sequence[WeightReceiver]) -> None:
+    """Form the group between ``publisher`` and in-process ``receivers`` (receiver i at rank i + 1)."""
+    await asyncio.gather(asyncio.to_thread(publisher.connect),
+                         *(r.join(publisher.receiver_info(i)) for i, r in enumerate(receivers)))
+
+
+async def broadcast_to_engines(publisher: WeightPublisher, receivers: Sequence[WeightReceiver],
+                               named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> list[dict]:
+    """One sync to in-process receivers: publish and receive concurrently; each receiver's stats."""
     named = list(named_tensors)
-    manifest = publisher.manifest(named)
+    ticket = publisher.ticket(named, version)
     _, *stats = await asyncio.gather(asyncio.to_thread(publisher.publish, named, version),
-                                     *(e.receive_broadcast(manifest, version) for e in engines))
+                                     *(r.receive(ticket) for r in receivers))
     return stats

@@ -1,35 +1,39 @@
-"""GPU weight sync through vLLM 0.32's native NCCL weight-transfer API.
+"""GPU weight sync through vLLM 0.32's native NCCL weight-transfer API, every blocking step under a timeout.
 
-Engine side: each :class:`~ragen_async.inference.vllm_engine.VLLMEngine` is created with
-``weight_transfer_backend="nccl"`` (``WeightTransferConfig(backend="nccl")``). Trainer side (learner
-rank 0): ``WeightTransferTrainerFactory.trainer_init(NCCLTrainerInitInfo(...), client=..., source=...)``
-once, then ``send_weights()`` per version, which drives ``start_weight_update`` →
-``update_weights`` (run concurrently with the trainer's packed NCCL broadcast) →
-``finish_weight_update`` on the inference side through ``client``.
+Trainer side (learner rank 0): :class:`NcclPublisher` runs vLLM's ``NCCLTrainerWeightTransferEngine``:
+``trainer_init`` once (the NCCL rendezvous), then ``send_weights()`` per version, which calls its
+*client* (``start_weight_update``, ``update_weights`` concurrently with the packed NCCL broadcast,
+``finish_weight_update``). vLLM runs the broadcast in the caller's thread with no timeout, so the
+publisher runs each of these in a side thread and waits at most ``timeout_s``: a dead or stuck peer is
+a :class:`WeightSyncTimeout` naming the group, the phase and the peers that did not answer, never a hang.
+After such an error the group is unusable (a thread may still sit in an NCCL call): close it.
 
-The *client* is anything with the four synchronous methods of vLLM's ``VLLMWeightSyncClient``
-protocol (``init_weight_transfer_engine(init_info)``, ``start_weight_update()``,
-``update_weights(update_info)``, ``finish_weight_update(weight_version=None)``) addressing *all*
-engines. :class:`LocalEnginesClient` does it for in-process engines; a Ray deployment wraps its
-rollout actors the same way (each actor forwarding to its engine's method of the same name).
+The client addresses every engine's :class:`NcclReceiver` (in-process receivers:
+:class:`LocalReceiversClient`; rollout actors: :class:`RayActorsClient`). It folds vLLM's three update
+calls into one ``receive`` per engine, so an engine's update (pause, start, receive, finish, stamp the
+version, resume) is one call that cannot be left half done: if it fails or times out the engine is
+resumed on its previous weights.
 
-Ranks: vLLM's trainer engine tells every worker ``rank_offset=1``, which is right for one vLLM
-instance (its workers take ranks 1..W). With several independent engines each must get its own
-offset; the client does that (engine i gets ``1 + workers of engines before i``), and
-``world_size`` is 1 + the total number of inference workers.
+Ranks: vLLM's trainer tells every worker ``rank_offset=1``, right for one vLLM instance (its workers take
+ranks 1..W). With several engines each gets its own offset (engine i: ``1 + workers of engines before
+i``), and ``world_size`` is 1 + the total number of inference workers.
 
-This path needs CUDA and the GPU ``vllm==0.32.0`` wheel; it is not exercised on CPU.
+This path needs CUDA and the GPU ``vllm==0.32.0`` wheel; the timeouts and the client are tested on CPU,
+the transfer itself by the ``gpu`` tests.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Iterator, Sequence
+import concurrent.futures
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 
-from ragen_async.weight_sync.base import WeightPublisher, WeightSyncError
+from ragen_async.weight_sync.base import Ticket, WeightPublisher, WeightReceiver, WeightSyncError, WeightSyncTimeout
 
 
 def _make_source() -> Any:
@@ -50,27 +54,138 @@ def _make_source() -> Any:
     return StateSource()
 
 
-class _VersionedClient:
-    """Wraps the user's client so ``finish_weight_update`` carries the version being published
-    (vLLM's trainer engine calls it without one)."""
+def run_with_timeout(fn: Callable[[], Any], timeout_s: float, what: Callable[[], str]) -> Any:
+    """``fn()`` in a daemon thread; its result, its error re-raised, or :class:`WeightSyncTimeout` after
+    ``timeout_s`` (the thread is left behind: it is blocked in a call that cannot be interrupted).
+    ``what()`` is read at the time of the error, so it can name the phase reached."""
+    done = concurrent.futures.Future()
 
-    def __init__(self, client: Any):
-        self.client = client
+    def target() -> None:
+        try:
+            done.set_result(fn())
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread
+            done.set_exception(err)
+
+    threading.Thread(target=target, daemon=True, name="weight-sync").start()
+    try:
+        return done.result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:
+        raise WeightSyncTimeout(f"{what()}: timed out after {timeout_s:g} s") from None
+    except Exception as err:  # noqa: BLE001 - re-raised with context
+        detail, where = _first_line(err), what()
+        cls = WeightSyncTimeout if isinstance(err, TimeoutError) else WeightSyncError
+        raise cls(where if detail in where else f"{where}: failed ({detail})") from err
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+class ReceiversClient(ABC):
+    """vLLM's ``VLLMWeightSyncClient`` protocol over the run's receivers. ``update_weights`` is one
+    ``receive`` per engine (which starts, receives and finishes the update there); ``start`` and
+    ``finish`` only record the phase. Subclasses implement :meth:`_all`."""
+
+    def __init__(self, num_engines: int, workers_per_engine: int = 1, timeout_s: float = 120.0):
+        self.num_engines = num_engines
+        self.workers_per_engine = workers_per_engine
+        self.timeout_s = timeout_s
         self.version: int | None = None
+        self.phase = "idle"
+        self.last_error: str | None = None
+        """The last failure of an engine call (the publisher quotes it when vLLM's send then hangs)."""
+
+    @abstractmethod
+    def _all(self, method: str, payloads: list[Any]) -> None:
+        """Call ``method`` (``join`` or ``receive``) on every engine's receiver with its payload; raise
+        :class:`WeightSyncError` naming the engines that failed or did not answer within ``timeout_s``."""
+
+    def _call(self, method: str, payloads: list[Any]) -> None:
+        try:
+            self._all(method, payloads)
+        except WeightSyncError as err:
+            self.last_error = str(err)
+            raise
 
     def init_weight_transfer_engine(self, init_info: dict) -> None:
-        self.client.init_weight_transfer_engine(init_info)
+        self.phase = "joining the NCCL group"
+        self.last_error = None
+        base = int(init_info.get("rank_offset", 1))
+        self._call("join", [{**init_info, "rank_offset": base + i * self.workers_per_engine}
+                           for i in range(self.num_engines)])
 
     def start_weight_update(self) -> None:
-        self.client.start_weight_update()
+        self.phase = f"starting the update to version {self.version}"
 
     def update_weights(self, update_info: Any) -> None:
-        self.client.update_weights(update_info)
+        self.phase = f"receiving version {self.version}"
+        self.last_error = None
+        ticket = {"version": self.version, "update_info": update_info}
+        self._call("receive", [ticket] * self.num_engines)
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
-        if weight_version is None and self.version is not None:
-            weight_version = str(self.version)
-        self.client.finish_weight_update(weight_version=weight_version)
+        self.phase = f"version {self.version} loaded"
+
+
+class LocalReceiversClient(ReceiversClient):
+    """Receivers in this process, living on ``loop`` (an event loop running in another thread; the
+    publisher blocks, so it cannot share the engines' loop)."""
+
+    def __init__(self, receivers: Sequence[WeightReceiver], loop: asyncio.AbstractEventLoop,
+                 workers_per_engine: int = 1, timeout_s: float = 120.0):
+        super().__init__(len(receivers), workers_per_engine, timeout_s)
+        self.receivers = list(receivers)
+        self.loop = loop
+
+    def _all(self, method: str, payloads: list[Any]) -> None:
+        async def run() -> list[Any]:
+            tasks = [asyncio.ensure_future(getattr(r, method)(p))
+                     for r, p in zip(self.receivers, payloads, strict=True)]
+            _, pending = await asyncio.wait(tasks, timeout=self.timeout_s)
+            for t in pending:
+                t.cancel()
+            return [TimeoutError(f"did not answer within {self.timeout_s:g} s") if t in pending
+                    else (t.exception() or t.result()) for t in tasks]
+
+        results = asyncio.run_coroutine_threadsafe(run(), self.loop).result()
+        _raise_failures(self.phase, {f"engine {i}": r for i, r in enumerate(results)})
+
+
+class RayActorsClient(ReceiversClient):
+    """Rollout actors, each owning one engine and its receiver (``join_weights`` / ``receive_weights``).
+    Calls block on ``ray.get`` (the publisher runs on learner rank 0, a synchronous actor)."""
+
+    def __init__(self, actors: Sequence[Any], workers_per_engine: int = 1, timeout_s: float = 120.0):
+        super().__init__(len(actors), workers_per_engine, timeout_s)
+        self.actors = list(actors)
+
+    def _all(self, method: str, payloads: list[Any]) -> None:
+        import ray
+
+        refs = [getattr(a, f"{method}_weights").remote(p) for a, p in zip(self.actors, payloads, strict=True)]
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s)
+        late = [i for i, ref in enumerate(refs) if ref in pending]
+        if late:
+            for ref in pending:
+                ray.cancel(ref)
+            raise WeightSyncTimeout(f"{self.phase}: rollout actor(s) {late} did not answer within "
+                                    f"{self.timeout_s:g} s")
+        results = {}
+        for i, ref in enumerate(refs):
+            try:
+                results[f"rollout actor {i}"] = ray.get(ref)
+            except Exception as err:  # noqa: BLE001 - collected and re-raised with every failure named
+                results[f"rollout actor {i}"] = err
+        _raise_failures(self.phase, results)
+
+
+def _raise_failures(phase: str, results: dict[str, Any]) -> None:
+    failed = {who: r for who, r in results.items() if isinstance(r, BaseException)}
+    if failed:
+        detail = "; ".join(f"{who}: {_first_line(e)}" for who, e in failed.items())
+        cls = WeightSyncTimeout if all(isinstance(e, TimeoutError) for e in failed.values()) else WeightSyncError
+        raise cls(f"{phase}: {detail}") from next(iter(failed.values()))
 
 
 class NcclPublisher(WeightPublisher):
@@ -79,113 +194,119 @@ class NcclPublisher(WeightPublisher):
     Args:
         master_address, master_port: rendezvous (TCPStore) of the transfer group.
         num_receivers: total number of inference *workers* (engines × their TP size).
-        client: see module docstring.
-        packed: packed broadcast (vLLM default buffers: 1 GiB × 2); must match on both sides, which
-            vLLM guarantees by shipping it in the init handshake.
+        client: a :class:`ReceiversClient` over every engine's :class:`NcclReceiver`.
+        timeout_s: bound on the rendezvous and on each version's transfer.
+        packed: packed broadcast (vLLM default buffers: 1 GiB × 2); vLLM ships it in the init handshake.
         device: CUDA device the trainer broadcasts from (tensors are moved there if needed).
     """
 
-    def __init__(self, master_address: str, master_port: int, num_receivers: int, client: Any, *,
-                 packed: bool = True, device: str | torch.device | None = None):
+    def __init__(self, master_address: str, master_port: int, num_receivers: int, client: ReceiversClient, *,
+                 timeout_s: float = 120.0, packed: bool = True, device: str | torch.device | None = None):
         if not torch.cuda.is_available():
-            raise WeightSyncError("NcclPublisher needs CUDA; on CPU use GlooBroadcastPublisher")
+            raise WeightSyncError("NcclPublisher needs CUDA on learner rank 0; on CPU use the gloo backend")
         self.master_address = master_address
         self.master_port = int(master_port)
         self.num_receivers = int(num_receivers)
+        self.timeout_s = float(timeout_s)
         self.packed = packed
         self.device = torch.device(device) if device is not None else torch.device(
             "cuda", torch.cuda.current_device())
-        self._client = _VersionedClient(client)
+        self.client = client
         self._source = _make_source()
         self._engine: Any = None
+        self._broken: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"NCCL weight group tcp://{self.master_address}:{self.master_port}"
+
+    def _where(self) -> str:
+        where = f"{self.name} (learner rank 0 and {self.num_receivers} inference worker(s)), {self.client.phase}"
+        return where + (f" [engines: {self.client.last_error}]" if self.client.last_error else "")
+
+    @property
+    def bound_s(self) -> float:
+        """How long the rendezvous or one version's send may take: longer than the engines' own bound, so
+        that an engine's failure is recorded (and quoted) before the send gives up."""
+        return 1.25 * self.timeout_s + 1.0
+
+    def _check_usable(self) -> None:
+        if self._broken is not None:
+            raise WeightSyncError(f"{self.name} is unusable after an earlier failure ({self._broken}); "
+                                  "close it and form a new group")
+
+    def ticket(self, named_tensors: Sequence[tuple[str, torch.Tensor]], version: int) -> None:
+        return None  # the publisher drives the receivers itself, through its client
 
     def connect(self) -> None:
-        """Rendezvous with the engines (blocks until every worker joined). ``publish`` calls it."""
+        """Rendezvous with the engines (blocks until every worker joined, at most ``timeout_s``)."""
+        self._check_usable()
         if self._engine is not None:
             return
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
         torch.cuda.set_device(self.device)
-        info = NCCLTrainerInitInfo(master_address=self.master_address,
-                                   master_port=self.master_port,
+        info = NCCLTrainerInitInfo(master_address=self.master_address, master_port=self.master_port,
                                    world_size=self.num_receivers + 1, packed=self.packed, rank=0)
-        self._engine = WeightTransferTrainerFactory.trainer_init(info, client=self._client,
-                                                                 source=self._source)
+        try:
+            self._engine = run_with_timeout(
+                lambda: WeightTransferTrainerFactory.trainer_init(info, client=self.client, source=self._source),
+                self.bound_s, self._where)
+        except WeightSyncError as err:
+            self._broken = str(err)
+            raise
 
     def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        self._source.named = [(n, t.detach().to(self.device).contiguous())
-                              for n, t in named_tensors]
-        self._client.version = int(version)
+        self.connect()
+        self._source.named = [(n, t.detach().to(self.device).contiguous()) for n, t in named_tensors]
+        self.client.version = int(version)
         try:
-            self.connect()
-            self._engine.send_weights()
+            run_with_timeout(self._engine.send_weights, self.bound_s, self._where)
+        except WeightSyncError as err:
+            self._broken = str(err)
+            raise
         finally:
             self._source.named = []
+            self.client.phase = "idle"
 
     def close(self) -> None:
-        if self._engine is not None:
+        if self._engine is not None and self._broken is None:
             self._engine.shutdown()
-            self._engine = None
+        self._engine = None
 
 
-class LocalEnginesClient:
-    """``VLLMWeightSyncClient`` over in-process :class:`VLLMEngine` s living on ``loop`` (an event
-    loop running in another thread; the publisher blocks, so it cannot share the engines' loop)."""
+class NcclReceiver(WeightReceiver):
+    """An engine's side of the NCCL path. The engine provides ``worker_rpc(method, *, kwargs, what)``
+    and ``updating(version)`` (vLLM). The CUDA check happens here, on the process that owns the GPU."""
 
-    def __init__(self, engines: Sequence[Any], loop: asyncio.AbstractEventLoop,
-                 workers_per_engine: int = 1, timeout_s: float | None = None):
-        self.engines = list(engines)
-        self.loop = loop
-        self.workers_per_engine = workers_per_engine
-        self.timeout_s = timeout_s
+    def __init__(self, engine: Any, timeout_s: float):
+        if not torch.cuda.is_available():
+            raise WeightSyncError("the NCCL weight receiver needs CUDA on the rollout worker; on CPU use the "
+                                  "gloo backend")
+        super().__init__(engine, timeout_s)
 
-    def _all(self, make) -> None:
-        async def run() -> None:
-            await asyncio.gather(*(make(i, e) for i, e in enumerate(self.engines)))
+    async def join(self, info: dict | None) -> None:
+        if info is None:
+            return  # the publisher makes the receivers join when it connects (vLLM's handshake)
+        await asyncio.wait_for(self.engine.worker_rpc("init_weight_transfer_engine", kwargs={"init_info": info},
+                                                      what="joining the NCCL weight group"), self.timeout_s)
 
-        asyncio.run_coroutine_threadsafe(run(), self.loop).result(self.timeout_s)
+    async def receive(self, ticket: Ticket) -> dict:
+        version = int(ticket["version"])
+        engine = self.engine
 
-    def init_weight_transfer_engine(self, init_info: dict) -> None:
-        base = int(init_info.get("rank_offset", 1))
-        self._all(lambda i, e: e.init_weight_transfer_engine(
-            {**init_info, "rank_offset": base + i * self.workers_per_engine}))
+        async def transfer() -> None:
+            await engine.worker_rpc("start_weight_update", what=f"starting the update to version {version}")
+            await engine.worker_rpc("update_weights", kwargs={"update_info": ticket["update_info"]},
+                                    what=f"receiving version {version} over NCCL")
+            await engine.worker_rpc("finish_weight_update", what=f"finishing the update to version {version}")
 
-    def start_weight_update(self) -> None:
-        self._all(lambda i, e: e.start_weight_update())
-
-    def update_weights(self, update_info: Any) -> None:
-        self._all(lambda i, e: e.update_weights(update_info))
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self._all(lambda i, e: e.finish_weight_update(weight_version))
-
-
-class RayActorsClient:
-    """``VLLMWeightSyncClient`` over Ray actors that each own one engine and expose the four
-    methods under the same names (``RolloutActor``). Calls block on ``ray.get`` (the publisher runs
-    on learner rank 0, a synchronous actor)."""
-
-    def __init__(self, actors: Sequence[Any], workers_per_engine: int = 1, timeout_s: float | None = None):
-        self.actors = list(actors)
-        self.workers_per_engine = workers_per_engine
-        self.timeout_s = timeout_s
-
-    def _all(self, make) -> None:
-        import ray
-
-        ray.get([make(i, a) for i, a in enumerate(self.actors)], timeout=self.timeout_s)
-
-    def init_weight_transfer_engine(self, init_info: dict) -> None:
-        base = int(init_info.get("rank_offset", 1))
-        self._all(lambda i, a: a.init_weight_transfer_engine.remote(
-            {**init_info, "rank_offset": base + i * self.workers_per_engine}))
-
-    def start_weight_update(self) -> None:
-        self._all(lambda i, a: a.start_weight_update.remote())
-
-    def update_weights(self, update_info: Any) -> None:
-        self._all(lambda i, a: a.update_weights.remote(update_info))
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self._all(lambda i, a: a.finish_weight_update.remote(weight_version))
+        async with engine.updating(version):
+            try:
+                await asyncio.wait_for(transfer(), self.timeout_s)
+            except TimeoutError:
+                raise WeightSyncTimeout(f"engine {engine.model_path}: receiving version {version} over NCCL timed "
+                                        f"out after {self.timeout_s:g} s (the publisher or another engine is gone); "
+                                        "its worker may still sit in the NCCL call") from None
+        return {"version": version}

@@ -8,7 +8,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from ragen_async.weight_sync import GlooBroadcastPublisher, WeightSyncError, WeightSyncTimeout
+from ragen_async.weight_sync import (
+    GlooBroadcastPublisher,
+    GlooReceiver,
+    WeightSyncError,
+    WeightSyncTimeout,
+    make_receiver,
+)
 from ragen_async.weight_sync.gloo import broadcast_to_engines, connect_engines
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "inference"))
@@ -42,22 +48,29 @@ def h(random_tiny_qwen2, models, request):
     harness = get_harness(random_tiny_qwen2, request)
     harness.restore(models[0].state_dict(), version=0)
     yield harness
-    harness.run(harness.engine.close_weight_group())
+    harness.run(GlooReceiver(harness.engine, 5).close())
 
 
-def test_broadcast_sync_then_logprobs_match(h, models):
+@pytest.fixture()
+def rcv(h):
+    receiver = make_receiver("gloo", h.engine, timeout_s=30)
+    assert isinstance(receiver, GlooReceiver)  # vLLM receives in its worker
+    return receiver
+
+
+def test_broadcast_sync_then_logprobs_match(h, rcv, models):
     base, new = models
     eng = h.engine
     pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=30,
                                  bucket_bytes=64 * 1024)  # several buffers per dtype
-    h.run(connect_engines(pub, [eng]))
+    h.run(connect_engines(pub, [rcv]))
     v = eng.policy_version + 1
-    (first,) = h.run(broadcast_to_engines(pub, [eng], new.state_dict().items(), v))
+    (first,) = h.run(broadcast_to_engines(pub, [rcv], new.state_dict().items(), v))
     assert eng.policy_version == v and pub.last_publish_s is not None
     assert h.run(eng.prompt_logprobs(SEQ)) == pytest.approx(forward_logprobs(new, SEQ), abs=ATOL)
     # a second version over the same group, received into the same buffers: vLLM copied the first
     # version out of them (no parameter points into them), so overwriting them changes nothing served
-    (second,) = h.run(broadcast_to_engines(pub, [eng], base.state_dict().items(), v + 1))
+    (second,) = h.run(broadcast_to_engines(pub, [rcv], base.state_dict().items(), v + 1))
     assert first["buffers_reused"] and second["buffers_reused"]
     assert eng.policy_version == v + 1
     assert h.run(eng.prompt_logprobs(SEQ)) == pytest.approx(forward_logprobs(base, SEQ), abs=ATOL)
@@ -67,13 +80,14 @@ def test_broadcast_sync_then_logprobs_match(h, models):
 def test_engine_waiting_on_a_silent_publisher_errors_within_the_timeout(h, models):
     base, new = models
     eng = h.engine
+    rcv = make_receiver("gloo", eng, timeout_s=5)
     pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=5)
-    h.run(connect_engines(pub, [eng]))
+    h.run(connect_engines(pub, [rcv]))
     version_before = eng.policy_version
-    manifest = pub.manifest(new.state_dict().items())
+    ticket = pub.ticket(list(new.state_dict().items()), version_before + 1)
     t0 = time.monotonic()
     with pytest.raises(WeightSyncTimeout) as info:
-        h.run(eng.receive_broadcast(manifest, version_before + 1))  # publisher never publishes
+        h.run(rcv.receive(ticket))  # publisher never publishes
     elapsed = time.monotonic() - t0
     assert 4 < elapsed < 15, elapsed
     msg = str(info.value)
@@ -83,30 +97,30 @@ def test_engine_waiting_on_a_silent_publisher_errors_within_the_timeout(h, model
     # the engine survives: it still generates, and a fresh group syncs fine
     assert h.run(eng.prompt_logprobs(SEQ)) == pytest.approx(forward_logprobs(base, SEQ), abs=ATOL)
     pub2 = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=30)
-    h.run(connect_engines(pub2, [eng]))
-    h.run(broadcast_to_engines(pub2, [eng], new.state_dict().items(), version_before + 1))
+    h.run(connect_engines(pub2, [rcv]))
+    h.run(broadcast_to_engines(pub2, [rcv], new.state_dict().items(), version_before + 1))
     assert h.run(eng.prompt_logprobs(SEQ)) == pytest.approx(forward_logprobs(new, SEQ), abs=ATOL)
     pub2.close()
 
 
 def test_engine_joining_a_group_whose_publisher_is_gone_errors(h):
-    eng = h.engine
+    rcv = make_receiver("gloo", h.engine, timeout_s=3)
     pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=3)
+    info = pub.receiver_info(0)
     port = pub.master_port
     pub.close()  # store gone before anyone joins
     t0 = time.monotonic()
     with pytest.raises(WeightSyncError, match=f"tcp://127.0.0.1:{port}"):
-        h.run(eng.init_weight_group("127.0.0.1", port, 2, 1, 3.0))
+        h.run(rcv.join(info))
     assert time.monotonic() - t0 < 20
 
 
-def test_publisher_whose_receiver_never_receives_errors(h, models):
-    eng = h.engine
+def test_publisher_whose_receiver_never_receives_errors(h, rcv, models):
     pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=3)
-    h.run(connect_engines(pub, [eng]))  # joined, but the engine is never told to receive
+    h.run(connect_engines(pub, [rcv]))  # joined, but the engine is never told to receive
     t0 = time.monotonic()
     with pytest.raises(WeightSyncError, match="weight broadcast from learner rank 0"):
         pub.publish([("w", torch.zeros(8 * 1024 * 1024))], version=99)
     assert time.monotonic() - t0 < 15
     pub.close()
-    h.run(eng.close_weight_group())
+    h.run(rcv.close())

@@ -10,42 +10,35 @@ from pathlib import Path
 import pytest
 import torch
 
-from ragen_async.weight_sync import LocalEnginesClient, NcclPublisher, WeightSyncError
-from ragen_async.weight_sync.nccl import _VersionedClient
+from ragen_async.weight_sync import LocalReceiversClient, NcclPublisher, NcclReceiver, WeightSyncError
 
 
-class RecordingEngine:
+class RecordingReceiver:
     def __init__(self):
         self.calls = []
 
-    async def init_weight_transfer_engine(self, info):
-        self.calls.append(("init", info))
+    async def join(self, info):
+        self.calls.append(("join", info))
 
-    async def start_weight_update(self):
-        self.calls.append(("start",))
-
-    async def update_weights(self, info):
-        self.calls.append(("update", info))
-
-    async def finish_weight_update(self, version):
-        self.calls.append(("finish", version))
+    async def receive(self, ticket):
+        self.calls.append(("receive", ticket))
 
 
-def test_local_client_gives_each_engine_its_rank_offset_and_the_version():
+def test_local_client_gives_each_engine_its_rank_offset_and_one_receive_with_the_version():
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
-        engines = [RecordingEngine(), RecordingEngine(), RecordingEngine()]
-        client = _VersionedClient(LocalEnginesClient(engines, loop, workers_per_engine=2))
+        receivers = [RecordingReceiver(), RecordingReceiver(), RecordingReceiver()]
+        client = LocalReceiversClient(receivers, loop, workers_per_engine=2)
         client.init_weight_transfer_engine({"rank_offset": 1, "world_size": 7})
         client.version = 12
-        client.start_weight_update()
+        client.start_weight_update()  # vLLM's trainer calls these three in order
         client.update_weights({"names": ["a"]})
-        client.finish_weight_update()  # vLLM's trainer engine passes no version
-        assert [e.calls[0][1]["rank_offset"] for e in engines] == [1, 3, 5]
-        for e in engines:
-            assert e.calls[1:] == [("start",), ("update", {"names": ["a"]}), ("finish", "12")]
+        client.finish_weight_update()
+        assert [r.calls[0][1]["rank_offset"] for r in receivers] == [1, 3, 5]
+        for r in receivers:
+            assert r.calls[1:] == [("receive", {"version": 12, "update_info": {"names": ["a"]}})]
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
@@ -83,8 +76,8 @@ def test_nccl_publish_then_engine_logprobs_match(random_tiny_qwen2):
         with torch.no_grad():
             for p in new.parameters():
                 p.normal_(0.0, 0.2)
-        pub = NcclPublisher("127.0.0.1", _free_port(), num_receivers=1,
-                            client=LocalEnginesClient([h.engine], h.loop, timeout_s=120))
+        client = LocalReceiversClient([NcclReceiver(h.engine, 120)], h.loop, timeout_s=120)
+        pub = NcclPublisher("127.0.0.1", _free_port(), num_receivers=1, client=client, timeout_s=120)
         pub.publish(new.state_dict().items(), version=1)
         assert h.engine.policy_version == 1
         seq = [5, 17, 99, 300, 42, 7, 1, 2, 3, 400]

@@ -1,0 +1,60 @@
+"""Matching publisher/receiver pairs from the config: the one place that knows every weight-sync backend.
+
+``resolve_backend`` turns ``auto`` into a concrete backend once (the driver does it and hands the result to
+every process); ``make_publisher`` builds learner rank 0's side, ``make_receiver`` an engine's side.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from ragen_async.weight_sync.base import WeightPublisher, WeightReceiver
+
+Backend = Literal["gloo", "nccl", "rpc"]
+
+
+def resolve_backend(backend: str, gpus_per_worker: float) -> Backend:
+    """``auto`` = NCCL when the rollout workers have GPUs, gloo otherwise."""
+    if backend == "auto":
+        return "nccl" if gpus_per_worker > 0 else "gloo"
+    if backend not in ("gloo", "nccl", "rpc"):
+        raise ValueError(f"unknown weight-sync backend {backend!r} (auto, gloo, nccl or rpc)")
+    return backend  # type: ignore[return-value]
+
+
+def make_publisher(backend: Backend, *, address: str, num_receivers: int, timeout_s: float,
+                   client: Any = None) -> WeightPublisher:
+    """Learner rank 0's publisher to ``num_receivers`` engines. NCCL needs ``client`` (a
+    :class:`~ragen_async.weight_sync.nccl.ReceiversClient` over the engines' receivers)."""
+    if backend == "gloo":
+        from ragen_async.weight_sync.gloo import GlooBroadcastPublisher
+
+        return GlooBroadcastPublisher(address, 0, num_receivers, timeout_s=timeout_s)
+    if backend == "nccl":
+        import socket
+
+        from ragen_async.weight_sync.nccl import NcclPublisher
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = int(s.getsockname()[1])
+        return NcclPublisher(address, port, num_receivers, client, timeout_s=timeout_s)
+    from ragen_async.weight_sync.rpc import RpcPublisher
+
+    return RpcPublisher()
+
+
+def make_receiver(backend: Backend, engine: Any, timeout_s: float) -> WeightReceiver:
+    """The receiver for ``engine``. Gloo receives inside the engine's workers when it has any (vLLM:
+    ``worker_rpc``), else in this process."""
+    if backend == "gloo":
+        from ragen_async.weight_sync.gloo import GlooReceiver, LocalGlooReceiver
+
+        return (GlooReceiver if hasattr(engine, "worker_rpc") else LocalGlooReceiver)(engine, timeout_s)
+    if backend == "nccl":
+        from ragen_async.weight_sync.nccl import NcclReceiver
+
+        return NcclReceiver(engine, timeout_s)
+    from ragen_async.weight_sync.rpc import RpcReceiver
+
+    return RpcReceiver(engine, timeout_s)

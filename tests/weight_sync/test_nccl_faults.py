@@ -1,0 +1,160 @@
+"""The NCCL path's control flow under engine failures, on CPU: the real ``NcclPublisher`` (timeouts,
+phase tracking), ``LocalReceiversClient`` and ``NcclReceiver``, with stand-ins for what needs a GPU.
+
+* vLLM's trainer engine is replaced by :class:`TrainerStandIn`, which calls the client in vLLM's order
+  (start, update in a side thread concurrently with the broadcast, finish) and runs vLLM's hazard: the
+  broadcast is a rendezvous with every engine's receive (a ``threading.Barrier``, like an NCCL collective
+  without a timeout), so an engine that never arrives blocks the publisher's thread for good.
+* Each engine is a ``FakeEngine`` with vLLM's two transfer hooks (``worker_rpc``, ``updating``); one of
+  them dies (its worker call fails) before, during or after the transfer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from ragen_async.inference.base import SamplingConfig
+from ragen_async.inference.fake_engine import FakeEngine
+from ragen_async.weight_sync import (
+    LocalReceiversClient,
+    NcclPublisher,
+    NcclReceiver,
+    WeightSyncError,
+    WeightSyncTimeout,
+)
+
+TIMEOUT_S = 2.0
+WORKER_CALLS = ("start_weight_update", "update_weights", "finish_weight_update")
+
+
+class WorkerEngine(FakeEngine):
+    """A fake engine whose "workers" run vLLM's three update calls; ``update_weights`` joins the broadcast
+    rendezvous. ``dies_at`` makes that call fail as a dead worker's would."""
+
+    model_path = "stand-in"
+
+    def __init__(self, barrier: threading.Barrier, dies_at: str | None = None):
+        super().__init__(lambda prompt, rng: [7, 8, 9])
+        self.barrier, self.dies_at = barrier, dies_at
+        self.calls: list[str] = []
+        self.paused = False
+
+    async def worker_rpc(self, method, *args, what, kwargs=None):
+        self.calls.append(method)
+        if method == self.dies_at:
+            raise WeightSyncError(f"engine stand-in: {what}: the worker process died")
+        if method == "update_weights":
+            await asyncio.to_thread(self.barrier.wait)  # the NCCL receive: waits for every peer
+        return [None]
+
+    @contextlib.asynccontextmanager
+    async def updating(self, version):
+        await self.pause()
+        self.paused = True
+        try:
+            yield
+            self._version = version
+        finally:
+            await self.resume()
+            self.paused = False
+
+
+class TrainerStandIn:
+    """vLLM's ``NCCLTrainerWeightTransferEngine.send_weights`` order, with a rendezvous as the broadcast."""
+
+    def __init__(self, client, barrier: threading.Barrier):
+        self.client, self.barrier = client, barrier
+
+    def send_weights(self):
+        self.client.start_weight_update()
+        exe = ThreadPoolExecutor(max_workers=1)
+        try:
+            future = exe.submit(self.client.update_weights, {"names": ["w"]})
+            self.barrier.wait()  # the broadcast: no timeout, as in NCCL
+            future.result()
+        finally:
+            exe.shutdown(wait=False)
+        self.client.finish_weight_update()
+
+    def shutdown(self):
+        pass
+
+
+@pytest.fixture()
+def loop():
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+def _publisher(monkeypatch, loop, dies_at):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the CUDA checks; tensors stay on CPU
+    barrier = threading.Barrier(3)  # the publisher and two engines
+    engines = [WorkerEngine(barrier), WorkerEngine(barrier, dies_at=dies_at)]
+    receivers = [NcclReceiver(e, TIMEOUT_S) for e in engines]
+    client = LocalReceiversClient(receivers, loop, timeout_s=TIMEOUT_S + 1)
+    pub = NcclPublisher("127.0.0.1", 1, num_receivers=2, client=client, timeout_s=TIMEOUT_S, device="cpu")
+    pub._engine = TrainerStandIn(client, barrier)  # as if connected
+    return pub, engines, barrier
+
+
+def _serving(loop, engine) -> bool:
+    gen = asyncio.run_coroutine_threadsafe(engine.generate([1, 2], SamplingConfig(max_tokens=3)), loop)
+    return gen.result(timeout=5).token_ids == [7, 8, 9]
+
+
+def test_a_healthy_sync_loads_every_engine_in_one_call_each(monkeypatch, loop):
+    pub, engines, barrier = _publisher(monkeypatch, loop, dies_at=None)
+    pub.publish([("w", torch.ones(3))], version=5)
+    for e in engines:
+        assert e.calls == list(WORKER_CALLS) and e.policy_version == 5 and not e.paused
+    assert pub.client.phase == "idle"
+
+
+@pytest.mark.parametrize("dies_at", WORKER_CALLS)
+def test_an_engine_dying_before_during_or_after_the_transfer_is_an_error_within_the_bound(monkeypatch, loop, dies_at):
+    pub, (survivor, dead), barrier = _publisher(monkeypatch, loop, dies_at)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(WeightSyncError) as info:
+            pub.publish([("w", torch.ones(3))], version=5)
+        elapsed = time.monotonic() - t0
+        msg = str(info.value)
+        # names the group, the phase and the dead engine
+        assert "NCCL weight group tcp://127.0.0.1:1" in msg and "receiving version 5" in msg, msg
+        assert "engine 1" in msg and "the worker process died" in msg, msg
+        if dies_at == "finish_weight_update":
+            # after the broadcast: the error comes back at once, and the survivor has the new version
+            assert elapsed < 1.0 and not isinstance(info.value, WeightSyncTimeout)
+            assert survivor.policy_version == 5
+        else:
+            # the survivor sits in the rendezvous with the publisher: both give up within their bounds
+            assert isinstance(info.value, WeightSyncTimeout)
+            assert TIMEOUT_S <= elapsed <= pub.bound_s + 1.0, elapsed
+            assert "engine 0" in msg and "timed out" in msg, msg
+            assert survivor.policy_version == 0
+        # every engine is resumed and serving, the dead one on its previous version
+        assert not survivor.paused and not dead.paused and dead.policy_version == 0
+        assert _serving(loop, survivor) and _serving(loop, dead)
+        # the group is unusable now, and says so instead of hanging again
+        with pytest.raises(WeightSyncError, match="unusable after an earlier failure"):
+            pub.publish([("w", torch.ones(3))], version=6)
+    finally:
+        barrier.abort()  # release the threads still waiting in the rendezvous
+
+
+def test_the_receiver_refuses_to_start_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU error")
+    with pytest.raises(WeightSyncError, match="needs CUDA on the rollout worker"):
+        NcclReceiver(FakeEngine(lambda p, r: [1]), 1.0)
