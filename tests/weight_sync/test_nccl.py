@@ -58,7 +58,8 @@ def _free_port():
 
 @pytest.mark.gpu
 @pytest.mark.vllm
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.skipif(torch.cuda.device_count() < 2,
+                    reason="needs 2 GPUs: an NCCL group cannot hold two ranks on the same device")
 def test_nccl_publish_then_engine_logprobs_match(random_tiny_qwen2):
     from transformers import AutoModelForCausalLM
 
@@ -71,21 +72,23 @@ def test_nccl_publish_then_engine_logprobs_match(random_tiny_qwen2):
                              gpu_memory_utilization=0.2, stop_at_model_eos=False,
                              weight_transfer_backend="nccl")
     try:
-        new = AutoModelForCausalLM.from_pretrained(random_tiny_qwen2, dtype=torch.float32).cuda()
+        # the engine's worker is on cuda:0; the publisher sends from cuda:1
+        new = AutoModelForCausalLM.from_pretrained(random_tiny_qwen2, dtype=torch.float32).to("cuda:1")
         torch.manual_seed(3)
         with torch.no_grad():
             for p in new.parameters():
                 p.normal_(0.0, 0.2)
         client = LocalReceiversClient([NcclReceiver(h.engine, 120)], h.loop, timeout_s=120)
-        pub = NcclPublisher("127.0.0.1", _free_port(), num_receivers=1, client=client, timeout_s=120)
+        pub = NcclPublisher("127.0.0.1", _free_port(), num_receivers=1, client=client, timeout_s=120,
+                            device="cuda:1")
         pub.publish(new.state_dict().items(), version=1)
         assert h.engine.policy_version == 1
         seq = [5, 17, 99, 300, 42, 7, 1, 2, 3, 400]
         got = h.run(h.engine.prompt_logprobs(seq))
         with torch.no_grad():
-            logits = new(input_ids=torch.tensor([seq], device="cuda")).logits[0, :-1].double()
+            logits = new(input_ids=torch.tensor([seq], device="cuda:1")).logits[0, :-1].double()
         ref = [0.0] + torch.log_softmax(logits, -1).gather(
-            -1, torch.tensor(seq[1:], device="cuda")[:, None])[:, 0].tolist()
+            -1, torch.tensor(seq[1:], device="cuda:1")[:, None])[:, 0].tolist()
         assert got == pytest.approx(ref, abs=1e-3)  # float32 GPU kernels, no TF32
         pub.publish(new.state_dict().items(), version=2)  # a second round on the same group
         assert h.engine.policy_version == 2
