@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import math
 import random
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +35,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from ragen_async import algo
 from ragen_async.config import RunConfig
@@ -56,6 +67,15 @@ def merge_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
         out[k] = float(np.sum(vals)) if k in ADDITIVE_METRICS else float(np.mean(vals))
     return out
 
+
+GATHER_BUCKET_BYTES = 256 * 2**20
+"""Default bound on the full parameters one FSDP gather holds at once (:meth:`Learner.full_weight_buckets`)."""
+
+SHARED_STATE = "learner_state.pt"
+"""The checkpoint file (written by rank 0) with the optimizer, critic and reference states."""
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+"""Full (unsharded) state dicts, gathered to rank 0's CPU; the other ranks get empty ones."""
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -130,6 +150,8 @@ class Learner:
         self.cfg = cfg
         self.rank, self.world_size = rank, world_size
         self.distributed = world_size > 1
+        # FSDP: each rank holds shards (DTensors) of the actor's and critic's parameters.
+        self.sharded = self.distributed and cfg.learner.strategy == "fsdp"
         if self.distributed and not dist.is_initialized():
             raise RuntimeError("world_size > 1 needs torch.distributed initialised before building the Learner")
         self.device = torch.device(device)
@@ -383,6 +405,8 @@ class Learner:
 
     def _clip_and_step(self, model: nn.Module, opt: torch.optim.Optimizer, count_skips: bool) -> float:
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.learner.grad_clip)
+        if isinstance(norm, DTensor):  # FSDP: sharded gradients give a partial norm; make it the global one
+            norm = norm.full_tensor()
         norm = self._to_host({"grad_norm": norm})["grad_norm"]  # the step depends on it: one read per step
         if math.isfinite(norm):
             opt.step()
@@ -428,55 +452,215 @@ class Learner:
 
     # ------------------------------------------------------------------ weights and checkpoints
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """Actor weights in checkpoint (Hugging Face) naming, for publishing to the engines."""
+        """Actor weights in checkpoint (Hugging Face) naming, for publishing to the engines: the live
+        parameters, no copy. Under FSDP a rank holds only shards: use :meth:`full_weights` there."""
+        if self.sharded:
+            raise RuntimeError("named_weights(): under FSDP the actor's parameters are shards; call "
+                               "full_weights() on every rank (a collective) and publish rank 0's result")
         return [(name, p.detach()) for name, p in self.actor.named_parameters()]
 
+    def full_weight_buckets(self, bucket_bytes: int = GATHER_BUCKET_BYTES) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """The actor's weights as full tensors in Hugging Face naming, one bucket at a time: consecutive
+        parameters of at most ``bucket_bytes`` in all (a larger parameter is a bucket alone).
+
+        Under FSDP this is a collective: every rank must run it to the end, in the same order. Each
+        bucket is all-gathered (``DTensor.full_tensor``), so at most one bucket of full parameters exists
+        on the device at a time; rank 0 (the publisher) gets it moved to the CPU, the other ranks get an
+        empty list and drop their copy. Without FSDP no collective runs: the buckets are the live
+        parameters (:meth:`named_weights`)."""
+        self._reshard()
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, p in self.actor.named_parameters():
+            nbytes = p.numel() * p.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield self._gather(bucket)
+                bucket, size = [], 0
+            bucket.append((name, p.detach()))
+            size += nbytes
+        if bucket:
+            yield self._gather(bucket)
+
+    def _reshard(self) -> None:
+        """FSDP leaves the root module's parameters gathered after a forward without backward (the
+        probe, the no-grad recompute), registered as plain tensors that the optimizer does not know:
+        register the shards again before reading or loading parameters. Local, not a collective."""
+        if self.sharded:
+            for model in (self.actor_head, self.critic):
+                if isinstance(model, FSDPModule):
+                    model.reshard()
+
+    def _gather(self, bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        if not self.sharded:
+            return bucket
+        with torch.no_grad():
+            full = [(name, p.full_tensor()) for name, p in bucket]
+        return [(name, t.cpu()) for name, t in full] if self.rank == 0 else []
+
+    def full_weights(self, bucket_bytes: int = GATHER_BUCKET_BYTES) -> list[tuple[str, torch.Tensor]]:
+        """All of :meth:`full_weight_buckets`: under FSDP a collective that returns the full weights on
+        rank 0 (CPU tensors) and an empty list on the other ranks; otherwise :meth:`named_weights`."""
+        return [item for bucket in self.full_weight_buckets(bucket_bytes) for item in bucket]
+
     def save_checkpoint(self, path: Path, extra: dict | None = None, write_weights: bool = True) -> None:
-        """Write ``learner_rank{rank}.pt`` (optimizers, critic, RNG, version) and, on rank 0 with
-        ``write_weights``, the actor in Hugging Face layout with its tokenizer. The ranks hold the same
-        actor weights; if every rank wrote the shared ``actor/`` files into the same directory they
-        would race (a reader, or the checkpoint manifest, could see one rank's half-written file). The
-        caller waits for every rank's save before finalising the checkpoint."""
+        """Write ``learner_rank{rank}.pt`` (version, RNG, ``extra``) and, on rank 0, ``learner_state.pt``
+        (optimizers, critic, reference model) and, with ``write_weights``, the actor in Hugging Face
+        layout with its tokenizer. Models and optimizers are saved as full, unsharded state dicts keyed
+        by parameter name, so a checkpoint loads under any strategy and rank count. Shared files are
+        written by rank 0 alone (no rank races on them). Under FSDP this is a collective (every rank
+        takes part in the gathers); otherwise the ranks need not call it together. The caller waits
+        for every rank's save before finalising the checkpoint."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        if write_weights and self.rank == 0:
-            from transformers import AutoTokenizer
+        self._reshard()
+        gathers = self.sharded or self.rank == 0  # ranks that take part in building the shared files
+        if write_weights and gathers:
+            weights = get_model_state_dict(self.actor_head, options=_FULL)
+            if self.rank == 0:
+                from transformers import AutoTokenizer
 
-            self.actor.save_pretrained(path / "actor")
-            # With its tokenizer, a checkpoint's actor is a model directory (model.path=.../actor).
-            AutoTokenizer.from_pretrained(self.cfg.model.path).save_pretrained(path / "actor")
+                # A gathered state dict holds tied weights (lm_head = embeddings) as separate copies;
+                # write each once, as save_pretrained does for the live (shared) tensors.
+                tied = _aliases(self.actor)
+                weights = {k: v for k, v in _strip(weights, "lm.").items() if k not in tied}
+                self.actor.save_pretrained(path / "actor", state_dict=weights)
+                # With its tokenizer, a checkpoint's actor is a model directory (model.path=.../actor).
+                AutoTokenizer.from_pretrained(self.cfg.model.path).save_pretrained(path / "actor")
+        if gathers:
+            shared = {
+                "actor_opt": self._full_optim(self.actor_head, self.actor_opt),
+                "critic": get_model_state_dict(self.critic, options=_FULL) if self.critic is not None else None,
+                "critic_opt": self._full_optim(self.critic, self.critic_opt) if self.critic is not None else None,
+                "ref": get_model_state_dict(self.ref, options=_FULL) if self.ref is not None else None,
+            }
+            if self.rank == 0:
+                torch.save(shared, path / SHARED_STATE)
         state = {
             "policy_version": self.policy_version,
             "skipped_steps": self.skipped_steps,
-            "actor_opt": self.actor_opt.state_dict(),
-            "critic": self.critic.state_dict() if self.critic is not None else None,
-            "critic_opt": self.critic_opt.state_dict() if self.critic_opt is not None else None,
-            "ref": self.ref.state_dict() if self.ref is not None else None,
             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
             "extra": extra or {},
         }
         torch.save(state, path / f"learner_rank{self.rank}.pt")
 
-    def load_checkpoint(self, path: Path) -> dict:
-        from safetensors.torch import load_file
+    @staticmethod
+    def _full_optim(model: nn.Module, opt: torch.optim.Optimizer) -> dict | None:
+        # An optimizer that never stepped has no state; get_optimizer_state_dict would initialise it
+        # with a zero step (counted by Adam's bias correction), so save nothing instead.
+        return get_optimizer_state_dict(model, opt, options=_FULL) if opt.state else None
 
+    def load_checkpoint(self, path: Path) -> dict:
+        """Restore a checkpoint written by :meth:`save_checkpoint` under any strategy and rank count
+        (a rank without its own ``learner_rank{r}.pt`` takes rank 0's), or an older one with the
+        optimizers and critic in every rank's file. With several ranks this is a collective: rank 0
+        reads the shared files and broadcasts them (sharding them under FSDP)."""
         path = Path(path)
-        weights = {}
-        for f in sorted((path / "actor").glob("*.safetensors")):
-            weights.update(load_file(str(f)))
-        missing, unexpected = self.actor.load_state_dict(weights, strict=False)
-        if unexpected or [m for m in missing if "lm_head" not in m]:
-            raise RuntimeError(f"checkpoint {path} does not match the model: missing={missing} unexpected={unexpected}")
-        state = torch.load(path / f"learner_rank{self.rank}.pt", weights_only=False)
+        self._reshard()
+        # Read, then agree: a rank that failed to read must not leave the others waiting in a collective.
+        shared: dict = {}
+        weights: dict[str, torch.Tensor] = {}
+        try:
+            own = path / f"learner_rank{self.rank}.pt"
+            if not own.exists():
+                log.warning("%s not in checkpoint %s (written by fewer ranks): using rank 0's", own.name, path)
+                own = path / "learner_rank0.pt"
+            state = torch.load(own, weights_only=False)
+            if self.rank == 0:  # rank 0 reads the shared files and broadcasts them
+                shared = self._read_shared(path)
+                weights = self._read_actor(path)
+            error = None
+        except Exception as e:
+            error = e
+        # Which parts the checkpoint holds (rank 0 knows): every rank must run the same collectives.
+        present = {k: v is not None for k, v in shared.items()}
+        reports = self._all_gather((None if error is None else f"rank {self.rank}: {error!r}", present))
+        if error is not None:
+            raise error
+        if failed := [e for e, _ in reports if e is not None]:
+            raise RuntimeError(f"cannot load checkpoint {path}: {'; '.join(failed)}")
+        present = reports[0][1]
+        if self.critic is not None and not present["critic"]:
+            raise RuntimeError(f"checkpoint {path} has no critic, but algo.adv_estimator needs one")
+        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=self.distributed, strict=False)
+        set_model_state_dict(self.actor_head, weights, options=opts)
+        strict = dataclasses.replace(opts, strict=True)
+        if present["actor_opt"]:
+            set_optimizer_state_dict(self.actor_head, self.actor_opt, shared.get("actor_opt", {}), options=opts)
+        else:  # saved before the first step
+            self.actor_opt.state.clear()
+        if self.critic is not None:
+            set_model_state_dict(self.critic, shared.get("critic", {}), options=strict)
+            if present["critic_opt"]:
+                set_optimizer_state_dict(self.critic, self.critic_opt, shared.get("critic_opt", {}), options=opts)
+            else:
+                self.critic_opt.state.clear()
+        if self.ref is not None and present["ref"]:
+            set_model_state_dict(self.ref, shared.get("ref", {}), options=strict)
         self.policy_version = state["policy_version"]
         self.skipped_steps = state["skipped_steps"]
-        self.actor_opt.load_state_dict(state["actor_opt"])
-        if self.critic is not None:
-            self.critic.load_state_dict(state["critic"])
-            self.critic_opt.load_state_dict(state["critic_opt"])
-        if self.ref is not None and state["ref"] is not None:
-            self.ref.load_state_dict(state["ref"])
         torch.set_rng_state(state["rng"]["torch"])
         np.random.set_state(state["rng"]["numpy"])
         random.setstate(state["rng"]["python"])
         return state["extra"]
+
+    def _read_shared(self, path: Path) -> dict:
+        """Rank 0: the optimizer, critic and reference states of a checkpoint, as full state dicts keyed
+        by parameter name. An older checkpoint has them in each rank's file, its optimizer states keyed
+        by parameter index (the order of ``parameters()``, the same under every strategy)."""
+        if (path / SHARED_STATE).exists():
+            return torch.load(path / SHARED_STATE, weights_only=False)
+        old = torch.load(path / "learner_rank0.pt", weights_only=False)
+        actor_names = [f"lm.{n}" for n, _ in self.actor.named_parameters()]
+        critic_names = [n for n, _ in self.critic.named_parameters()] if self.critic is not None else []
+        return {"actor_opt": _by_name(old["actor_opt"], actor_names),
+                "critic": old.get("critic"),
+                "critic_opt": _by_name(old.get("critic_opt"), critic_names),
+                "ref": old.get("ref")}
+
+    def _read_actor(self, path: Path) -> dict[str, torch.Tensor]:
+        """Rank 0: the checkpoint's actor weights, keyed as in ``actor_head``, checked against the model
+        (a tied ``lm_head`` is not saved)."""
+        from safetensors.torch import load_file
+
+        weights: dict[str, torch.Tensor] = {}
+        for f in sorted((path / "actor").glob("*.safetensors")):
+            weights.update({f"lm.{k}": v for k, v in load_file(str(f)).items()})
+        expected = set(self.actor_head.state_dict())
+        missing = sorted(k for k in expected - weights.keys() if "lm_head" not in k)
+        unexpected = sorted(weights.keys() - expected)
+        if missing or unexpected:
+            raise RuntimeError(f"checkpoint {path} does not match the model: missing={missing} unexpected={unexpected}")
+        return weights
+
+    def _all_gather(self, obj) -> list:
+        """Every rank's ``obj``, in rank order."""
+        if not self.distributed:
+            return [obj]
+        out: list = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+
+
+def _strip(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {k.removeprefix(prefix): v for k, v in state.items()}
+
+
+def _aliases(model: nn.Module) -> set[str]:
+    """State-dict keys whose tensor is an earlier key's (tied weights)."""
+    seen: set[int] = set()
+    aliases = set()
+    for k, v in model.state_dict(keep_vars=True).items():
+        if id(v) in seen:
+            aliases.add(k)
+        seen.add(id(v))
+    return aliases
+
+
+def _by_name(osd: dict | None, names: list[str]) -> dict | None:
+    """An optimizer state dict keyed by parameter index -> keyed by name (get_optimizer_state_dict's
+    full layout); ``None`` when there is no state (an optimizer that never stepped)."""
+    if not osd or not osd["state"]:
+        return None
+    return {"state": {names[i]: s for i, s in osd["state"].items()},
+            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in osd["param_groups"]]}
