@@ -267,6 +267,9 @@ class RunConfig(_Strict):
                              "with staleness.max_staleness > 0 or fixed_lag")
         if self.agent.max_tokens_per_turn + 64 > self.inference.max_model_len:
             raise ValueError("agent.max_tokens_per_turn must leave room for a prompt inside inference.max_model_len")
+        if self.weight_sync.backend == "rpc" and self.learner.strategy == "fsdp" and self.learner.num_ranks > 1:
+            raise ValueError("weight_sync.backend=rpc cannot publish a sharded (FSDP) learner: its tensors come from "
+                             "rank 0 alone; use gloo or nccl")
         return self
 
 

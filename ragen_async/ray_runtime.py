@@ -263,11 +263,12 @@ class RayRuntime(Runtime):
         raise RuntimeError(f"weight sync of version {version} failed three times") from last
 
     async def _broadcast(self, version: int) -> None:
-        """One sync, the same for every backend: rank 0's ticket goes to every receiver while rank 0
-        publishes (no ticket: rank 0 drives the receivers itself). Both ends bound each blocking step by
+        """One sync, the same for every backend: rank 0's ticket goes to every receiver while the learner
+        ranks publish (rank 0 sends; under FSDP the others take part in gathering the full weights; no
+        ticket: rank 0 drives the receivers itself). Both ends bound each blocking step by
         ``weight_sync.timeout_s``; the bound here is a backstop for a peer that stops answering Ray."""
         ticket = await self.learners[0].weight_ticket.remote(version)
-        calls = [self.learners[0].publish.remote(version)]
+        calls = [lrn.publish.remote(version) for lrn in self.learners]  # all: FSDP gathers, rank 0 sends
         if ticket is not None:
             calls += [r.receive_weights.remote(ticket) for r in self.rollouts]
         backstop_s = 2 * self.cfg.weight_sync.timeout_s + 60
@@ -281,9 +282,10 @@ class RayRuntime(Runtime):
                 raise res
 
     async def probe(self, token_ids: list[int]) -> tuple[list[float], list[list[float]]]:
-        learner_lp, *engine_lps = await asyncio.gather(self.learners[0].probe_logprobs.remote(token_ids),
-                                                       *[r.probe_logprobs.remote(token_ids) for r in self.rollouts])
-        return learner_lp, engine_lps
+        # every rank: under FSDP the learner's forward is a collective
+        learner_lps = [lrn.probe_logprobs.remote(token_ids) for lrn in self.learners]
+        results = await asyncio.gather(*learner_lps, *[r.probe_logprobs.remote(token_ids) for r in self.rollouts])
+        return results[0], results[len(learner_lps):]
 
     async def validate(self) -> dict[str, float]:
         """On the first rollout actor's engine (its other groups keep playing meanwhile)."""

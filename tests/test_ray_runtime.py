@@ -328,3 +328,16 @@ def test_adaptive_staleness_tightens_the_real_gate_and_the_new_bound_holds(tiny_
     after = [p["learner_version"] - g["min_version"] for p in provenance[3:] for g in p["groups"]]
     assert max(before) == 2  # the looser bound was used before the move
     assert after and max(after) <= 1
+
+
+def test_an_fsdp_learner_pool_publishes_its_full_weights_and_checkpoints_once(tiny_model_path, tmp_path):
+    """2 FSDP ranks: every rank takes part in gathering the full weights for each sync, rank 0 sends them,
+    and every engine then computes the learner's log-probs (shards published would not)."""
+    cfg = ray_cfg(tiny_model_path, tmp_path, "learner.strategy=fsdp", "weight_sync.verify_every=1",
+                  "checkpoint_every=4", "total_steps=4", "staleness.max_staleness=1")
+    run_dir, steps, provenance = run_ray(cfg)
+    diffs = [s["weight_sync/probe_max_abs_diff"] for s in steps]
+    assert len(diffs) == 4 and max(diffs) < 1e-4, diffs
+    assert max(consumed_staleness(provenance)) <= 1
+    ckpt = run_dir.latest_checkpoint()
+    assert (ckpt / "actor" / "model.safetensors").exists() and (ckpt / "learner_state.pt").exists()

@@ -70,9 +70,12 @@ class LearnerActor:
                                     rank=self.rank, world_size=self.world_size,
                                     timeout=dt.timedelta(seconds=self.cfg.weight_sync.timeout_s))
         self.learner = Learner(self.cfg, rank=self.rank, world_size=self.world_size, device=self._device())
+        weights = self.learner.full_weights()  # every rank: a collective under FSDP; rank 0 gets them
+        # What a ticket describes (names, shapes, dtypes), without the data.
+        self._meta = [(n, torch.empty(t.shape, dtype=t.dtype, device="meta")) for n, t in weights]
         if self.rank == 0 and self.cfg.staleness.fixed_lag:
             self.ring = RingBuffer(capacity=(self.cfg.staleness.max_staleness or 0) + 1)
-            self.ring.push(0, self.learner.named_weights())
+            self.ring.push(0, weights)
         return self.learner.policy_version
 
     def train_step(self, timeout_s: float = 600.0) -> TrainResult:
@@ -82,8 +85,10 @@ class LearnerActor:
             raise TimeoutError(f"learner rank {self.rank}: no batch shard arrived within {timeout_s:.0f} s")
         wait_s = time.perf_counter() - t0
         result = self.learner.train_step(shard)
-        if self.ring is not None:
-            self.ring.push(result.version, self.learner.named_weights())
+        if self.cfg.staleness.fixed_lag:
+            weights = self.learner.full_weights()  # every rank (a collective under FSDP)
+            if self.ring is not None:
+                self.ring.push(result.version, weights)
         result.metrics["timing/learner_recv_s"] = wait_s
         result.metrics["timing/learner_compute_s"] = time.perf_counter() - t0 - wait_s
         return result
@@ -106,9 +111,10 @@ class LearnerActor:
         self.publisher.connect()
 
     def _weights(self, version: int) -> list[tuple[str, torch.Tensor]]:
-        """The weights of ``version``: the current ones, or an older one from the fixed-lag ring."""
+        """The weights of ``version`` on rank 0: the current ones (every rank must call this for them: a
+        gather under FSDP), or an older one from the fixed-lag ring (rank 0 only, no collective)."""
         if version == self.learner.policy_version:
-            return self.learner.named_weights()
+            return self.learner.full_weights()
         if self.ring is not None and version in self.ring:
             return list(self.ring.get(version).items())
         raise ValueError(f"cannot publish version {version}: learner is at {self.learner.policy_version} "
@@ -116,11 +122,18 @@ class LearnerActor:
 
     def weight_ticket(self, version: int) -> dict | None:
         """Rank 0: what every receiver needs for ``version`` (``None``: the publisher drives them)."""
-        return self.publisher.ticket(self._weights(version), version)
+        if self.cfg.weight_sync.backend == "rpc":
+            return self.publisher.ticket(self._weights(version), version)  # the tensors travel in it
+        return self.publisher.ticket(self._meta, version)
 
     def publish(self, version: int) -> float:
-        """Rank 0: send the weights of ``version`` (the current one, or an older one in fixed-lag mode)."""
+        """Every rank: the weights of ``version`` (the current one, or an older one in fixed-lag mode) are
+        gathered where they are sharded, and rank 0 sends them."""
         t0 = time.perf_counter()
+        if self.rank != 0:
+            if version == self.learner.policy_version:
+                self.learner.full_weights()  # take part in the gather (nothing to do without FSDP)
+            return 0.0
         self.publisher.publish(self._weights(version), version)
         return time.perf_counter() - t0
 
@@ -154,7 +167,10 @@ class LearnerActor:
             self.ring = RingBuffer(self.ring.capacity)
             for v in sorted(older):
                 self.ring.push(v, older[v])
-            self.ring.push(self.learner.policy_version, self.learner.named_weights())
+        if self.cfg.staleness.fixed_lag:
+            weights = self.learner.full_weights()  # every rank (a collective under FSDP)
+            if self.ring is not None:
+                self.ring.push(self.learner.policy_version, weights)
         return self.learner.policy_version
 
     def shutdown(self) -> None:
