@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ragen_async.learner.learner import Learner
-from tests.learner.test_learner import make_cfg, make_shard
+from tests.learner.test_learner import make_cfg, make_shard, spawn_ranks
 
 # One mini-batch per step; small logits chunks so the chunked vocabulary head runs under FSDP too.
 OVERRIDES = ("learner.mini_batch_size=16", "learner.logits_chunk_tokens=32")
@@ -125,10 +125,7 @@ def _assert_weights_close(got: dict, expected: dict, atol: float, what: str) -> 
 
 
 def test_fsdp_full_weights_and_checkpoints_across_strategies_and_rank_counts(tiny_model_path, tmp_path):
-    import torch.multiprocessing as mp
     from safetensors.torch import load_file
-
-    from ragen_async.learner.actor import free_port
 
     t0 = time.perf_counter()
     cfg = _cfg(tiny_model_path)
@@ -142,15 +139,7 @@ def test_fsdp_full_weights_and_checkpoints_across_strategies_and_rank_counts(tin
     single.save_checkpoint(ckpt / "single", extra={"step": 1})
     _save_old_format(single, ckpt / "old")
 
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, 2, port, tiny_model_path, shards[r], ckpt, tmp_path))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(300)
-        assert p.exitcode == 0
+    spawn_ranks(_rank, lambda r: (tiny_model_path, shards[r], ckpt, tmp_path))
     rec, rec1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
     single1 = _weights(single)
     single.train_step(whole)

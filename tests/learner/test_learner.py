@@ -42,6 +42,23 @@ def make_shard(model_path, cfg, num_ranks=1):
     return shards
 
 
+def spawn_ranks(target, make_args, world: int = 2) -> None:
+    """Run ``target(rank, world, port, *make_args(rank))`` in ``world`` spawned processes (one gloo
+    group) and require each to exit cleanly."""
+    import torch.multiprocessing as mp
+
+    from ragen_async.learner.actor import free_port
+
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(r, world, port, *make_args(r))) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+        assert p.exitcode == 0
+
+
 def test_train_step_advances_version_and_reports_metrics(tiny_model_path):
     cfg = make_cfg(tiny_model_path)
     learner = Learner(cfg)
@@ -121,23 +138,13 @@ def test_two_ranks_give_the_single_process_gradient(tiny_model_path, tmp_path):
     single-process loss). Parameters are not compared: Adam's first step is ~lr*sign(g), so float
     rounding in near-zero gradient entries would flip signs without meaning anything.
     """
-    import torch.multiprocessing as mp
-
-    from ragen_async.learner.actor import free_port
     from ragen_async.learner.learner import merge_rank_metrics
 
     cfg = make_cfg(tiny_model_path, *DDP_OVERRIDES)
     single = Learner(cfg).train_step(make_shard(tiny_model_path, cfg, num_ranks=1)[0]).metrics
     shards = make_shard(tiny_model_path, cfg, num_ranks=2)
     assert {len(s.trajectories) for s in shards} != {0}
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_ddp_rank, args=(r, 2, port, tiny_model_path, shards[r], tmp_path)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(300)
-        assert p.exitcode == 0
+    spawn_ranks(_ddp_rank, lambda r: (tiny_model_path, shards[r], tmp_path))
     merged = merge_rank_metrics([torch.load(tmp_path / f"rank{r}.pt") for r in range(2)])
     for key in ("actor/grad_norm", "critic/grad_norm", "actor/pg_loss", "critic/vf_loss", "actor/entropy"):
         assert merged[key] == pytest.approx(single[key], rel=1e-4, abs=1e-6), key
@@ -173,22 +180,10 @@ def test_two_ranks_checkpoint_without_racing_on_the_shared_actor_files(tiny_mode
     """Each rank writes its own ``learner_rank{r}.pt``; only rank 0 writes the actor (weights and
     tokenizer), which every rank shares. Rank 1 saves first, alone, so any shared file it wrote would
     show; then both ranks resume from the checkpoint."""
-    import torch.multiprocessing as mp
-
-    from ragen_async.learner.actor import free_port
-
     cfg = make_cfg(tiny_model_path, "learner.mini_batch_size=16")
     shards = make_shard(tiny_model_path, cfg, num_ranks=2)
     ckpt = tmp_path / "ckpt"
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_checkpoint_rank, args=(r, 2, port, tiny_model_path, shards[r], ckpt, tmp_path))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(300)
-        assert p.exitcode == 0
+    spawn_ranks(_checkpoint_rank, lambda r: (tiny_model_path, shards[r], ckpt, tmp_path))
     results = [torch.load(tmp_path / f"ckpt_rank{r}.pt") for r in range(2)]
     assert results[1]["written_alone"] == ["learner_rank1.pt"]
     files = {str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file()}
