@@ -39,7 +39,7 @@ test: model
 
 # The tests that need a CUDA GPU (skipped elsewhere): on a GPU machine, `make test-gpu EXTRA=gpu`.
 test-gpu: model
-	WANDB_MODE=disabled $(PY) -m pytest -q -m gpu -rs
+	WANDB_MODE=disabled RAY_AUTH_MODE=disabled $(PY) -m pytest -q -s -m gpu -rs --durations=0
 
 test-fast: model
 	WANDB_MODE=disabled $(PY) -m pytest -q -x -m "not vllm and not slow"
