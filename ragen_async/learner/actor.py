@@ -122,9 +122,8 @@ class LearnerActor:
 
     def weight_ticket(self, version: int) -> dict | None:
         """Rank 0: what every receiver needs for ``version`` (``None``: the publisher drives them)."""
-        if self.cfg.weight_sync.backend == "rpc":
-            return self.publisher.ticket(self._weights(version), version)  # the tensors travel in it
-        return self.publisher.ticket(self._meta, version)
+        return self.publisher.ticket(self._weights(version) if self.publisher.ticket_carries_tensors else self._meta,
+                                     version)
 
     def publish(self, version: int) -> float:
         """Every rank: the weights of ``version`` (the current one, or an older one in fixed-lag mode) are

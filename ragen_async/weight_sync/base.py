@@ -182,6 +182,10 @@ class WeightPublisher(ABC):
         nothing (no group, or the publisher makes the receivers join itself)."""
         return None
 
+    ticket_carries_tensors = False
+    """Whether :meth:`ticket` needs the tensors' data; otherwise only their names, shapes and dtypes
+    are read (meta tensors will do)."""
+
     def ticket(self, named_tensors: Sequence[tuple[str, torch.Tensor]], version: int) -> Ticket | None:
         """What every receiver's :meth:`WeightReceiver.receive` needs for ``version``; ``None`` when the
         publisher drives the receivers itself (NCCL)."""

@@ -14,6 +14,8 @@ from ragen_async.weight_sync.base import Ticket, WeightPublisher, WeightReceiver
 class RpcPublisher(WeightPublisher):
     """The ticket carries CPU copies of the tensors; :meth:`publish` has nothing left to send."""
 
+    ticket_carries_tensors = True
+
     def ticket(self, named_tensors: Sequence[tuple[str, torch.Tensor]], version: int) -> Ticket:
         return {"version": int(version), "tensors": [(n, t.detach().to("cpu", copy=True)) for n, t in named_tensors]}
 
