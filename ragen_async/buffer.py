@@ -193,6 +193,12 @@ class TrajectoryBuffer:
         return len(self._waiting)
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of the per-token arrays of the groups waiting: the memory the buffer holds."""
+        return sum(t.token_ids.nbytes + t.loss_mask.nbytes + t.behaviour_logprobs.nbytes + t.token_versions.nbytes
+                   for g in self._waiting.values() for t in g.trajectories)
+
+    @property
     def dropped_total(self) -> int:
         """Groups dropped since construction."""
         return self._dropped_total
