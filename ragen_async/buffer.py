@@ -41,7 +41,7 @@ import torch
 from ragen_async.algo.advantages import GROUP_NORM_MODES, group_normalize
 from ragen_async.algo.filtering import FILTER_MODES, select_groups_by_reward_std
 from ragen_async.protocol import BatchShard, Trajectory, TrajectoryGroup
-from ragen_async.staleness import StalenessStats, group_staleness
+from ragen_async.staleness import StalenessStats, group_staleness, staleness_of
 
 __all__ = [
     "Batch",
@@ -181,6 +181,9 @@ class TrajectoryBuffer:
 
         self._waiting: dict[int, TrajectoryGroup] = {}
         self._arrived_at: dict[int, float] = {}
+        self._oldest: dict[int, list[int]] = {}
+        """Each waiting group's per-trajectory oldest versions, computed once on arrival: the staleness
+        checks that run after every received group then cost a few integer operations per group."""
         self._learner_version = 0
         self._drops: list[DropRecord] = []
         self._dropped_total = 0
@@ -218,13 +221,17 @@ class TrajectoryBuffer:
         """
         version = self._learner_version if learner_version is None else learner_version
         usable = 0
-        for index, group in sorted(self._waiting.items()):
-            reason = self._violation(group, version, consuming=True)
+        for index in sorted(self._waiting):
+            reason = self._violation(index, self._oldest[index], version, consuming=True)
             if reason == "stale":
-                del self._waiting[index], self._arrived_at[index]
-                self._drop(group, version, "consume", reason)
+                self._drop(self._remove(index)[0], version, "consume", reason)
             usable += reason is None
         return usable >= self.groups_per_step
+
+    def _remove(self, index: int) -> tuple[TrajectoryGroup, float]:
+        """Take a waiting group out; returns it and its arrival time."""
+        del self._oldest[index]
+        return self._waiting.pop(index), self._arrived_at.pop(index)
 
     # -- staleness gate ----------------------------------------------------------------------------
 
@@ -234,11 +241,13 @@ class TrajectoryBuffer:
             raise ValueError("only a bounded, non-fixed-lag buffer can move its bound")
         self.max_staleness = k
 
-    def _violation(self, group: TrajectoryGroup, learner_version: int, consuming: bool) -> DropReason | None:
+    def _violation(self, index: int, oldest: Sequence[int], learner_version: int, consuming: bool) -> DropReason | None:
+        """Why group ``index``, whose trajectories' oldest versions are ``oldest``, cannot be used at
+        ``learner_version`` (``None``: it can)."""
         k = self.max_staleness
         if k is None:
             return None
-        staleness = group_staleness(group, learner_version)
+        staleness = staleness_of(oldest, learner_version)
         if staleness > k:
             return "stale"
         # Exactness can only be judged at consumption: before that the version may still advance.
@@ -282,41 +291,42 @@ class TrajectoryBuffer:
         if not group.trajectories:
             raise ValueError(f"group {group.group_id!r} has no trajectories")
         self._observe_version(learner_version)
-        reason = self._violation(group, self._learner_version, consuming=False)
+        oldest = [t.oldest_version for t in group.trajectories]
+        reason = self._violation(index, oldest, self._learner_version, consuming=False)
         if reason is not None:
             self._drop(group, self._learner_version, "add", reason)
             return False
         self._waiting[index] = group
         self._arrived_at[index] = now
+        self._oldest[index] = oldest
         return True
 
     # -- consumer side -----------------------------------------------------------------------------
 
-    def _take_groups(self, learner_version: int) -> list[TrajectoryGroup]:
-        """Remove and return the B lowest-index usable groups, dropping unusable ones on the way."""
-        taken: list[TrajectoryGroup] = []
+    def _take_groups(self, learner_version: int) -> tuple[list[TrajectoryGroup], list[float]]:
+        """Remove and return the B lowest-index usable groups and their arrival times, dropping unusable
+        ones on the way."""
+        taken: list[int] = []
         for index in sorted(self._waiting):
-            group = self._waiting[index]
-            reason = self._violation(group, learner_version, consuming=True)
+            reason = self._violation(index, self._oldest[index], learner_version, consuming=True)
             if reason is not None:
-                del self._waiting[index], self._arrived_at[index]
-                self._drop(group, learner_version, "consume", reason)
+                self._drop(self._remove(index)[0], learner_version, "consume", reason)
                 continue
-            taken.append(group)
+            taken.append(index)
             if len(taken) == self.groups_per_step:
                 break
         if len(taken) < self.groups_per_step:
             raise BufferNotReady(
                 f"{len(taken)} usable groups waiting at version {learner_version}, need {self.groups_per_step}"
             )
-        for group in taken:
-            del self._waiting[group_index(group)]
-        return taken
+        removed = [self._remove(index) for index in taken]
+        return [g for g, _ in removed], [t for _, t in removed]
 
     def _put_back(self, groups: Sequence[TrajectoryGroup], arrived_at: Sequence[float]) -> None:
         for group, t in zip(groups, arrived_at, strict=True):
-            self._waiting[group_index(group)] = group
-            self._arrived_at[group_index(group)] = t
+            index = group_index(group)
+            self._waiting[index], self._arrived_at[index] = group, t
+            self._oldest[index] = [tr.oldest_version for tr in group.trajectories]
 
     def next_batch(self, learner_version: int, step: int, now: float) -> Batch:
         """Assemble the batch the learner at ``learner_version`` trains on at ``step``.
@@ -333,8 +343,7 @@ class TrajectoryBuffer:
             ValueError: the filter kept fewer trajectories than there are ranks (the groups stay queued).
         """
         self._observe_version(learner_version)
-        groups = self._take_groups(learner_version)
-        arrived = [self._arrived_at.pop(group_index(g)) for g in groups]
+        groups, arrived = self._take_groups(learner_version)
 
         kept_idx, filter_metrics = select_groups_by_reward_std(
             [torch.tensor(g.scores, dtype=torch.float64) for g in groups], self.filter_ratio, self.filter_mode

@@ -22,7 +22,7 @@ passed in by the caller, so decisions are deterministic and unit-testable.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -272,15 +272,20 @@ def token_staleness(token_versions: np.ndarray, loss_mask: np.ndarray, learner_v
     return learner_version - sampled.astype(np.int64)
 
 
+def staleness_of(oldest_versions: Sequence[int], learner_version: int) -> int:
+    """Staleness of the stalest of some trajectories, given each one's oldest sampled version
+    (``Trajectory.oldest_version``); a trajectory that sampled nothing counts 0 (nothing to train on)."""
+    return max(0 if oldest == NO_VERSION else learner_version - oldest for oldest in oldest_versions)
+
+
 def trajectory_staleness(traj: Trajectory, learner_version: int) -> int:
     """Staleness of the trajectory's oldest sampled token; 0 if it sampled nothing (nothing to train on)."""
-    oldest = traj.oldest_version
-    return 0 if oldest == NO_VERSION else learner_version - oldest
+    return staleness_of([traj.oldest_version], learner_version)
 
 
 def group_staleness(group: TrajectoryGroup, learner_version: int) -> int:
     """Staleness of the group's stalest trajectory (what the buffer's drop rule compares with k)."""
-    return max(trajectory_staleness(t, learner_version) for t in group.trajectories)
+    return staleness_of([t.oldest_version for t in group.trajectories], learner_version)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -144,8 +144,8 @@ def test_every_drop_returns_exactly_one_slot_and_the_bound_holds(tmp_path, k):
     # Inject consume-time drops (in-order consumption under AReaL's rule makes natural ones rare): every
     # seventh index is refused when the batch is taken, as a group that turned stale in the buffer would be.
     violation = trainer.buffer._violation
-    trainer.buffer._violation = lambda g, v, consuming: (
-        "stale" if consuming and g.index % 7 == 3 else violation(g, v, consuming))
+    trainer.buffer._violation = lambda index, oldest, v, consuming: (
+        "stale" if consuming and index % 7 == 3 else violation(index, oldest, v, consuming))
     asyncio.run(trainer.run())
     trainer.close()
 
