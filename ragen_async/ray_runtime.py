@@ -230,22 +230,26 @@ class RayRuntime(Runtime):
     async def train(self, shards: list[BatchShard]) -> TrainResult:
         for sender, shard in zip(self.shard_senders, shards, strict=True):
             sender.send(shard)
-        calls = [lrn.train_step.remote() for lrn in self.learners]
-        try:
-            results = await asyncio.gather(*calls)
-        except ray.exceptions.RayActorError as e:
-            # The surviving ranks are stuck in a collective with the dead one: do not wait for them.
-            self._learners_broken = True
-            ready, _ = ray.wait(calls, num_returns=len(calls), timeout=0)
-            dead = [r for r, c in enumerate(calls) if c in ready and _failed(c)]
-            raise RuntimeError(f"learner rank(s) {dead or '?'} died during a learner step; the run stops here. "
-                               "Continue from the latest checkpoint with `ragen-async train --resume RUN_DIR`") from e
+        results = await self._on_learners("train_step", phase="a learner step")
         if len({r.version for r in results}) != 1:
             raise RuntimeError(f"learner ranks disagree on the version: {[r.version for r in results]}")
         metrics = merge_rank_metrics([r.metrics for r in results])
         metrics.update(self.receiver.stats.as_metrics("transport"))
         metrics.update({"rollout/actor_restarts": float(self.restarts), "rollout/abandoned_groups": float(self.abandoned)})
         return TrainResult(results[0].version, metrics)
+
+    async def _on_learners(self, method: str, *args: Any, phase: str) -> list[Any]:
+        """Call ``method`` on every learner rank. If a rank died, the run stops with an error naming it: the
+        surviving ranks may be stuck in a collective with it, so they are not waited for."""
+        calls = [getattr(lrn, method).remote(*args) for lrn in self.learners]
+        try:
+            return await asyncio.gather(*calls)
+        except ray.exceptions.RayActorError as e:
+            self._learners_broken = True
+            ready, _ = ray.wait(calls, num_returns=len(calls), timeout=0)
+            dead = [r for r, c in enumerate(calls) if c in ready and _failed(c)]
+            raise RuntimeError(f"learner rank(s) {dead or '?'} died during {phase}; the run stops here. "
+                               "Continue from the latest checkpoint with `ragen-async train --resume RUN_DIR`") from e
 
     async def publish(self, version: int) -> None:
         """Weights to every engine. A rollout actor that dies during the sync is replaced and the sync
@@ -268,7 +272,7 @@ class RayRuntime(Runtime):
         ticket: rank 0 drives the receivers itself). Both ends bound each blocking step by
         ``weight_sync.timeout_s``; the bound here is a backstop for a peer that stops answering Ray."""
         ticket = await self.learners[0].weight_ticket.remote(version)
-        calls = [lrn.publish.remote(version) for lrn in self.learners]  # all: FSDP gathers, rank 0 sends
+        calls = [self._on_learners("publish", version, phase="a weight sync")]  # all: FSDP gathers, rank 0 sends
         if ticket is not None:
             calls += [r.receive_weights.remote(ticket) for r in self.rollouts]
         backstop_s = 2 * self.cfg.weight_sync.timeout_s + 60
@@ -283,9 +287,10 @@ class RayRuntime(Runtime):
 
     async def probe(self, token_ids: list[int]) -> tuple[list[float], list[list[float]]]:
         # every rank: under FSDP the learner's forward is a collective
-        learner_lps = [lrn.probe_logprobs.remote(token_ids) for lrn in self.learners]
-        results = await asyncio.gather(*learner_lps, *[r.probe_logprobs.remote(token_ids) for r in self.rollouts])
-        return results[0], results[len(learner_lps):]
+        learner_lps, *engine_lps = await asyncio.gather(
+            self._on_learners("probe_logprobs", token_ids, phase="the weight-sync probe"),
+            *[r.probe_logprobs.remote(token_ids) for r in self.rollouts])
+        return learner_lps[0], engine_lps
 
     async def validate(self) -> dict[str, float]:
         """On the first rollout actor's engine (its other groups keep playing meanwhile)."""
