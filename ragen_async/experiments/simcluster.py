@@ -125,7 +125,8 @@ class SimEngine(InferenceEngine):
                           token_versions=[int(v) for v in versions])
 
     async def prompt_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
-        raise NotImplementedError("a simulated engine has no model to score prompts with")
+        raise RuntimeError("the simulated cluster runs no model: prompt log-probs (the weight-sync probe) are not available "
+                           "(weight_sync.verify_every=0)")
 
     async def load_state_dict(self, named_tensors, version: int) -> None:  # noqa: ANN001
         self.clock.switch(version, time.monotonic())
