@@ -322,6 +322,35 @@ def bench_step_cmd(
                  f"median over {profile.steps} steps after {warmup} warm-up steps", format_profile(profile), out)
 
 
+@bench_app.command("rllib")
+def bench_rllib_cmd(
+    k: Annotated[list[int] | None, typer.Option("--k", help="staleness k, mapped onto RLlib's knobs (repeatable)")] = None,
+    seeds: Annotated[int, typer.Option(help="runs per k (RLlib seeds 0 .. N-1)")] = 1,
+    budget_s: Annotated[float, typer.Option(help="training seconds per run (evaluations not counted)")] = 120.0,
+    out: Annotated[Path | None, typer.Option(help="append the table to this markdown file")] = None,
+) -> None:
+    """Classic reference: RLlib APPO with a small MLP on one-hot Sokoban, per staleness k."""
+    from ragen_async.experiments.rllib_ref import EVAL_EPISODES, EVAL_SEED, bench_rllib, cells, format_cells
+
+    ks = k or [0, 1, 2, 4, 8]
+    if min(ks) < 0 or seeds < 1 or budget_s <= 0:
+        raise typer.BadParameter("--k must be >= 0, --seeds >= 1 and --budget-s > 0")
+
+    def progress(run) -> None:
+        s = run.summary()
+        print(f"k={s['k']} seed={s['seed']}: final {s['final_success']:.3f} best {s['best_success']:.3f} "
+              f"sampled {s['final_success_sampled']:.3f}, {s['env_steps']} env steps in {s['train_s']:.0f} s, "
+              f"lag mean {s['lag_mean']:.2f} max {s['lag_max']}", flush=True)
+
+    results = bench_rllib(ks, seeds, budget_s, on_run=progress)
+    cmd = "ragen-async bench rllib " + " ".join(f"--k {x}" for x in ks) + f" --seeds {seeds} --budget-s {budget_s:g}"
+    note = (f"APPO (RLlib new API stack, torch, CPU), one EnvRunner, MLP 64x64 on the one-hot 6x6 grid; "
+            f"k -> broadcast_interval = k + 1 (ragen_async/experiments/rllib_ref.py says how, and what it does not "
+            f"bound); success over seeds {EVAL_SEED}..{EVAL_SEED + EVAL_EPISODES - 1}, one episode each; "
+            f"mean ± 95 % t-interval over seeds (none with one seed); lag measured per trained timestep")
+    _print_bench("RLlib APPO reference", cmd, note, format_cells(cells(results)), out)
+
+
 @app.command()
 def sweep(
     spec: Annotated[Path | None, typer.Argument(help="sweep spec (configs/sweeps/*.yaml); omit with --resume")] = None,
