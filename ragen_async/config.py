@@ -234,7 +234,10 @@ class RunConfig(_Strict):
     """Also stop after this many minutes of training (validation excluded), at a step boundary, with
     the usual final validation and checkpoint; ``total_steps`` stays the upper bound."""
     seed: int = 0
+    """The run's sampling seed: mixed into every training request's seed and the engines' seeds. The levels
+    played (``rollout.seed``) and the validation samples stay fixed, so runs that differ only here are paired."""
     run_root: str = "runs"
+    """Folder under which each run gets its own directory."""
     checkpoint_every: int = Field(0, ge=0)
     """Save a checkpoint every this many steps (0 = only at the end)."""
     record_provenance: bool = True

@@ -217,12 +217,18 @@ async def play_group(
     group_id: str,
     index: int,
     worker_id: str = "",
+    run_seed: int = 0,
 ) -> TrajectoryGroup:
-    """Play ``group_size`` episodes from the same initial state concurrently."""
+    """Play ``group_size`` episodes from the same initial state concurrently.
+
+    Every episode's sampling seed mixes the env ``seed``, the episode's place in the group, the group id
+    and the run's ``run_seed``: runs that differ only in ``run_seed`` play the same levels with different
+    samples.
+    """
     created = time.time()
     episodes = [
-        play_episode(policy, chat, make_env(), env_tag, seed, limits, group_id=group_id,
-                     traj_id=f"{group_id}/{i}", sampling_seed=seed * 4_099 + i * 131 + hash_group_id(group_id))
+        play_episode(policy, chat, make_env(), env_tag, seed, limits, group_id=group_id, traj_id=f"{group_id}/{i}",
+                     sampling_seed=seed * 4_099 + i * 131 + hash_group_id(group_id) + run_seed * 7_919_993)
         for i in range(group_size)
     ]
     trajectories = await asyncio.gather(*episodes)

@@ -76,7 +76,8 @@ class RolloutWorker:
         a = assign_group(index, self.cfg.rollout.envs, self.cfg.rollout.seed)
         group = await play_group(
             self.policy, self.chat, lambda: make_env_from_tag(a.env.tag, **a.env.overrides), a.env.tag, a.seed,
-            self.cfg.rollout.group_size, self.limits, group_id=format_group_id(index), index=index, worker_id=self.worker_id)
+            self.cfg.rollout.group_size, self.limits, group_id=format_group_id(index), index=index, worker_id=self.worker_id,
+            run_seed=self.cfg.seed)
         self.groups_played += 1
         return group
 
