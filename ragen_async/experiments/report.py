@@ -472,7 +472,8 @@ def _csv_rows(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
             "run": s.name, "k": s.k_label, "fixed_lag": s.fixed_lag, "off_policy": s.off_policy, "seed": s.seed,
             "status": s.status, "steps": s.steps, "total_steps": s.total_steps, "first_val": s.first_val,
             "final_val": s.final_val,
-            "best_val": s.best_val, "val_reached_at": s.reached_at, "staleness_mean": s.staleness_mean,
+            "best_val": s.best_val, "val_reached": float(s.reached_at is not None), "val_reached_at": s.reached_at,
+            "staleness_mean": s.staleness_mean,
             "staleness_max": s.staleness_max, "grad_norm_max": s.grad_norm_max, "entropy_min": s.entropy_min,
             "reward_std_first": s.reward_std_first, "reward_std_last": s.reward_std_last,
             "k3_mismatch": s.k3_mismatch, "step_time_s": s.step_time, "tokens_per_s": s.tokens_per_s,
@@ -487,6 +488,8 @@ def _csv_rows(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
 
 
 CELL_VALUES = (("final_val", "final val", ".3f"), ("best_val", "best val", ".3f"),
+               ("val_reached", "reached threshold (share)", ".2f"),
+               ("val_reached_at", "first step ≥ threshold (runs that reached it)", ".1f"),
                ("groups_per_s", "groups/s", ".2f"), ("tokens_per_s", "tokens/s", ".0f"),
                ("staleness_mean", "staleness mean", ".2f"),
                ("collapsed", "collapsed (share)", ".2f"),
@@ -508,7 +511,8 @@ def _cells_section(summaries: Sequence[RunSummary]) -> list[str]:
     table = study.cell_table(frame, ["_cell", *varying], [c for c, _, _ in CELL_VALUES])
     lines = ["## Cells (seeds pooled)", "",
              "Runs whose settings differ only in their seed form a cell; mean ± 95 % interval "
-             "(t distribution) over the cell's runs, no interval with one run. Collapsed: validation success "
+             "(t distribution) over the cell's runs, no interval with one run. Threshold: the first validation with "
+             "success at or above the report's threshold (`--threshold`). Collapsed: validation success "
              "fell below half its peak and stayed there (at least two validations). Lead: steps from a signal's "
              "first firing to the collapse, over collapsed runs where it fired (in-group reward std below half "
              "its running peak; entropy below half its start; a gradient norm above 3× the median of the "

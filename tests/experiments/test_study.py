@@ -77,6 +77,11 @@ def test_the_report_pools_seeds_into_cells_with_intervals(tmp_path, make_run):
     assert k1["runs"] == "3" and k1["final val"] == f"0.800 ± {half:.3f}"
     assert k1["collapsed (share)"] == "0.00 ± 0.00"
     assert k4["runs"] == "1" and k4["final val"] == "0.100" and k4["collapsed (share)"] == "1.00"
+    # Threshold 0.9: only the seed-2 run of k = 1 reaches it (at its last validation, step 20); k = 4 at step 10.
+    reached = "first step ≥ threshold (runs that reached it)"
+    third = stats.t.ppf(0.975, 2) * math.sqrt(1 / 3) / math.sqrt(3)  # shares 0, 0, 1
+    assert k1["reached threshold (share)"] == f"0.33 ± {third:.2f}" and k1[reached] == "20.0"
+    assert k4["reached threshold (share)"] == "1.00" and k4[reached] == "10.0"
     summary = (tmp_path / "out" / "summary.csv").read_text().splitlines()
     assert "collapse_step" in summary[0]
     assert any(line.startswith("k4-s0,") and ",15," in line for line in summary[1:])
