@@ -91,6 +91,7 @@ def test_time_budget_stops_at_a_step_boundary_with_validation_and_checkpoint(tin
     assert [r["learner/step"] for r in steps] == [1]
     assert steps[0]["timing/budget_spent_s"] > 0
     assert [r["learner/step"] for r in records if "val/Bandit/success" in r] == [0, 1]
+    assert [r["val/policy_version"] for r in records if "val/Bandit/success" in r] == [0, 1]  # the version validated
     assert run_dir.latest_checkpoint().name == "step_000001"
 
 

@@ -175,8 +175,13 @@ async def evaluate(policy: ReplyPolicy, chat: ChatFormat, envs: Sequence[EnvGrou
 
 
 async def validate_engine(cfg: RunConfig, engine: InferenceEngine, chat: ChatFormat) -> dict[str, float]:
-    """Validation: one episode on each fixed seed of the validation envs, at validation temperature."""
+    """Validation: one episode on each fixed seed of the validation envs, at validation temperature.
+
+    ``val/policy_version`` is the version the engine held, the policy validated: under a fixed lag k the
+    engines run version v - k while the learner holds v.
+    """
     v = cfg.validation
+    version = engine.policy_version
     policy = EnginePolicy(engine, temperature=v.temperature, stop_token_ids=(chat.end_of_turn_id,))
     trajs = await evaluate(policy, chat, v.envs, v.seed, agent_limits(cfg.agent, cfg.inference))
-    return summarize_trajectories(trajs, "val")
+    return {**summarize_trajectories(trajs, "val"), "val/policy_version": float(version)}
