@@ -249,15 +249,22 @@ def bench_weights_cmd(
     from ragen_async.experiments.components import (
         bench_weights_one,
         format_weights,
+        learner_layout,
         synthetic_qwen_tensors,
         tiny_model_tensors,
     )
 
     if not (model / "model.safetensors").is_file():
         raise typer.BadParameter(f"{model} has no model.safetensors (run `ragen-async make-model` first)")
-    rows = [bench_weights_one(f"tiny model ({model})", tiny_model_tensors(str(model)), repeats)]
+    sets = [(f"tiny model ({model})", tiny_model_tensors(str(model)))]
     if large:
-        rows.append(bench_weights_one("Qwen2.5-0.5B shapes, bf16 (synthetic)", synthetic_qwen_tensors(), repeats))
+        sets.append(("Qwen2.5-0.5B shapes, bf16 (synthetic)", synthetic_qwen_tensors()))
+    rows = []
+    for name, named in sets:
+        # as the learner holds its weights (flatten_parameters: one buffer per dtype, sent as it is),
+        # then as separate tensors (packed into buckets first, e.g. an FSDP gather's output)
+        rows.append(bench_weights_one(f"{name}, flat as the learner's", learner_layout(named), repeats))
+        rows.append(bench_weights_one(f"{name}, separate tensors", named, repeats))
     _print_bench("Weight-sync benchmark", f"ragen-async bench weights --repeats {repeats}",
                  "publisher and one receiver process, gloo over loopback; each sync timed on the publisher up to "
                  "a barrier after the receiver finished", format_weights(rows), out)

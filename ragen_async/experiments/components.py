@@ -8,8 +8,10 @@ bytes in the same run (``ragen-async bench transport`` and ``ragen-async bench w
   sender's start signal to the last message received.
 * **Weight sync.** One receiver process joins the gloo weight group. Each repetition is timed on the
   publisher until a barrier after the receiver finished: the project's ``GlooBroadcastPublisher.publish``
-  (header, packing into buckets) with ``receive_weights`` (check, unpack) on the other side, vs one raw
-  ``broadcast`` of a flat buffer holding the same number of bytes in the same process group.
+  (header, then the buckets: sent in place when the tensors lie in one flat buffer per dtype, as the
+  learner holds its parameters, packed first otherwise) with ``receive_weights`` (check, unpack) on the other side, vs one raw
+  ``broadcast`` of a flat buffer holding the same number of bytes in the same process group. The two
+  alternate, after one untimed round of each (it allocates the receive buffers).
 """
 
 from __future__ import annotations
@@ -216,6 +218,13 @@ def synthetic_qwen_tensors(hidden: int = 896, layers: int = 24, intermediate: in
     return [(name, torch.zeros(shape, dtype=torch.bfloat16)) for name, shape in shapes]
 
 
+def learner_layout(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:  # noqa: F821
+    """The same tensors laid out as the learner holds its parameters (one flat buffer per dtype)."""
+    from ragen_async.weight_sync.base import flat_layout
+
+    return list(zip([n for n, _ in named], flat_layout([t for _, t in named]), strict=True))
+
+
 def _weights_receiver(address: str, port: int, manifest, total_bytes: int, repeats: int) -> None:  # noqa: ANN001
     import datetime as dt
 
@@ -225,11 +234,10 @@ def _weights_receiver(address: str, port: int, manifest, total_bytes: int, repea
 
     pg = open_group(address, port, 2, 1, 120.0)
     buffers: list[torch.Tensor] = []  # reused between syncs, as the vLLM worker extension does
-    for r in range(repeats):
+    raw = torch.empty(total_bytes, dtype=torch.uint8)
+    for r in range(repeats + 1):  # in the publisher's order: project, raw, project, raw, ...
         receive_weights(pg, manifest, r, 120.0, "bench receiver", buffers=buffers)
         pg.barrier().wait(dt.timedelta(seconds=120))
-    raw = torch.empty(total_bytes, dtype=torch.uint8)
-    for _ in range(repeats):
         broadcast(pg, raw, 120.0, "bench receiver: raw")
         pg.barrier().wait(dt.timedelta(seconds=120))
 
@@ -266,9 +274,12 @@ def bench_weights_one(name: str, named: list, repeats: int = 5) -> WeightsRow:
         pg.barrier().wait(dt.timedelta(seconds=120))
         return time.perf_counter() - t0
 
-    project = [timed(lambda r=r: pub.publish(named, version=r)) for r in range(repeats)]
     flat = torch.zeros(total, dtype=torch.uint8)
-    raw = [timed(lambda: broadcast(pg, flat, 120.0, "bench: raw")) for _ in range(repeats)]
+    project, raw = [], []
+    for r in range(repeats + 1):  # alternating, so drift on a shared machine hits both paths alike
+        project.append(timed(lambda r=r: pub.publish(named, version=r)))
+        raw.append(timed(lambda: broadcast(pg, flat, 120.0, "bench: raw")))
+    project, raw = project[1:], raw[1:]  # the first round allocates the receive buffers: not timed
     proc.join(60)
     pub.close()
     return WeightsRow(name, total / 1e6, project, raw)

@@ -49,6 +49,7 @@ from ragen_async import algo
 from ragen_async.config import RunConfig
 from ragen_async.learner.batch import TokenBatch, collate_shard, pack_rows, split_even
 from ragen_async.protocol import BatchShard
+from ragen_async.weight_sync.base import flatten_parameters
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +161,8 @@ class Learner:
         self.algo_cfg = cfg.algo
 
         self.actor = load_actor(cfg.model.path, cfg.model.dtype).to(self.device)
+        if self.device.type == "cpu" and cfg.learner.strategy != "fsdp":
+            flatten_parameters(self.actor)  # one buffer per dtype: the gloo publish sends it without a copy
         if cfg.model.gradient_checkpointing:
             self.actor.gradient_checkpointing_enable()
         self.pad_id = self.actor.config.pad_token_id or 0

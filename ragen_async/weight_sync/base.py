@@ -9,6 +9,7 @@ a publisher/receiver disagreement instead of loading garbage. It is pure torch (
 
 from __future__ import annotations
 
+import functools
 import json
 import zlib
 from abc import ABC, abstractmethod
@@ -56,9 +57,19 @@ def make_manifest(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Manifest
     return [(name, dtype_name(t.dtype), list(t.shape)) for name, t in named_tensors]
 
 
+def _key(manifest: Sequence[ManifestEntry]) -> tuple:
+    """A hashable form of a manifest: a sync repeats the same one, so its checksum and plan are cached."""
+    return tuple((n, d, tuple(s)) for n, d, s in manifest)
+
+
 def manifest_crc(manifest: Sequence[ManifestEntry]) -> int:
     """A checksum of the manifest, so both sides can confirm they planned the same transfer."""
-    canon = json.dumps([[n, d, list(s)] for n, d, s in manifest], separators=(",", ":"))
+    return _crc(_key(manifest))
+
+
+@functools.lru_cache(maxsize=16)
+def _crc(key: tuple) -> int:
+    canon = json.dumps([[n, d, [int(x) for x in s]] for n, d, s in key], separators=(",", ":"))
     return zlib.crc32(canon.encode())
 
 
@@ -83,6 +94,11 @@ def plan_buckets(manifest: Sequence[ManifestEntry], bucket_bytes: int = DEFAULT_
     """Group the manifest into per-dtype buffers of at most ``bucket_bytes`` (deterministic: both
     sides compute the same plan from the same manifest). Buckets are emitted when they fill, then
     the partly filled ones in order of their dtype's first appearance."""
+    return list(_plan(_key(manifest), int(bucket_bytes)))
+
+
+@functools.lru_cache(maxsize=16)
+def _plan(manifest: tuple, bucket_bytes: int) -> tuple[Bucket, ...]:
     out: list[Bucket] = []
     open_: OrderedDict[str, tuple[list[int], int]] = OrderedDict()
     for i, (_, dt, shape) in enumerate(manifest):
@@ -97,19 +113,70 @@ def plan_buckets(manifest: Sequence[ManifestEntry], bucket_bytes: int = DEFAULT_
     for dt, (idx, numel) in open_.items():
         if idx:
             out.append(Bucket(dt, tuple(idx), numel))
+    return tuple(out)
+
+
+def adjacent_bytes(tensors: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor | None:
+    """A uint8 view of the memory that ``tensors`` fill when they are contiguous CPU tensors of ``dtype``
+    lying back to back, in order, in one storage (as :func:`flat_layout` places them); ``None`` otherwise."""
+    first = tensors[0]
+    if first.device.type != "cpu":
+        return None
+    end = first.data_ptr()
+    for t in tensors:
+        if t.dtype != dtype or t.data_ptr() != end or not t.is_contiguous():
+            return None
+        end += t.numel() * t.element_size()
+    storage = first.untyped_storage()
+    start = first.data_ptr() - storage.data_ptr()
+    if start + end - first.data_ptr() > storage.nbytes():
+        return None  # adjacent in memory, but not all inside the first tensor's storage
+    # the byte range [first.data_ptr(), end) of that storage, as one tensor (no copy)
+    return torch.empty(0, dtype=torch.uint8).set_(storage)[start: start + end - first.data_ptr()]
+
+
+def flat_layout(tensors: Sequence[torch.Tensor], device: str | torch.device | None = None) -> list[torch.Tensor]:
+    """Copies of ``tensors`` laid out in one flat buffer per dtype, in order, on ``device`` (default: each
+    tensor's own).
+    Whatever is published from such copies is sent without packing: every bucket of
+    :func:`plan_buckets` is then one contiguous range (:func:`adjacent_bytes`)."""
+    totals: dict[tuple[torch.dtype, torch.device], int] = {}
+    where = [torch.device(device) if device is not None else t.device for t in tensors]
+    for t, d in zip(tensors, where, strict=True):
+        key = (t.dtype, d)
+        totals[key] = totals.get(key, 0) + t.numel()
+    flats = {key: torch.empty(n, dtype=key[0], device=key[1]) for key, n in totals.items()}
+    offsets = dict.fromkeys(totals, 0)
+    out = []
+    for t, d in zip(tensors, where, strict=True):
+        key, n = (t.dtype, d), t.numel()
+        view = flats[key][offsets[key]: offsets[key] + n].view(t.shape)
+        view.copy_(t.detach())
+        offsets[key] += n
+        out.append(view)
     return out
+
+
+def flatten_parameters(module: torch.nn.Module) -> None:
+    """Move ``module``'s parameters (tied ones once, in ``named_parameters`` order) into one flat buffer
+    per dtype, in place: the ``Parameter`` objects stay (build optimizers after or before, either works),
+    their data become views. The learner does this so a publish sends its live weights without a copy."""
+    params = [p for _, p in module.named_parameters()]
+    with torch.no_grad():
+        for p, view in zip(params, flat_layout([p.data for p in params]), strict=True):
+            p.data = view
 
 
 def pack_bucket(bucket: Bucket, tensors: Sequence[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
     """Concatenate the bucket's tensors (indexed like the manifest) into one flat CPU buffer,
-    returned as raw bytes (uint8) so any dtype travels through any backend. A bucket of one
-    contiguous tensor is returned as a byte view of it (no copy); otherwise ``out`` (a previous
-    result for the same bucket) is reused when given."""
+    returned as raw bytes (uint8) so any dtype travels through any backend. Tensors that already lie
+    back to back in one storage (one contiguous tensor, or a :func:`flat_layout`) are returned as a
+    byte view of that memory (no copy); otherwise ``out`` (a previous result for the same bucket) is
+    reused when given."""
     dtype = dtype_from_name(bucket.dtype)
-    if len(bucket.indices) == 1:
-        t = tensors[bucket.indices[0]].detach()
-        if t.dtype == dtype and t.is_contiguous() and t.device.type == "cpu":
-            return t.reshape(-1).view(torch.uint8)
+    view = adjacent_bytes([tensors[i].detach() for i in bucket.indices], dtype)
+    if view is not None:
+        return view
     reuse = out is not None and out.numel() == bucket.numel * dtype.itemsize and out.dtype == torch.uint8
     flat = out.view(dtype) if reuse else torch.empty(bucket.numel, dtype=dtype)
     off = 0
@@ -127,14 +194,9 @@ def unpack_bucket(bucket: Bucket, raw: torch.Tensor, manifest: Sequence[Manifest
                   ) -> list[tuple[str, torch.Tensor]]:
     """Inverse of :func:`pack_bucket`: views into ``raw`` (no copy), named as in the manifest."""
     flat = raw.view(dtype_from_name(bucket.dtype))
-    out = []
-    off = 0
-    for i in bucket.indices:
-        name, _, shape = manifest[i]
-        n = _numel(shape)
-        out.append((name, flat[off: off + n].view(tuple(shape))))
-        off += n
-    return out
+    entries = [manifest[i] for i in bucket.indices]
+    parts = flat.split([_numel(shape) for _, _, shape in entries])
+    return [(name, part.view(tuple(shape))) for (name, _, shape), part in zip(entries, parts, strict=True)]
 
 
 def bucket_nbytes(bucket: Bucket) -> int:
@@ -243,7 +305,10 @@ class RingBuffer:
             raise ValueError(f"versions must increase: got {version} after "
                              f"{next(reversed(self._items))}")
         items = state.items() if isinstance(state, dict) else state
-        self._items[version] = {n: t.detach().to("cpu", copy=True) for n, t in items}
+        pairs = [(n, t.detach()) for n, t in items]
+        # one flat buffer per dtype, so publishing an old version sends it without packing
+        copies = flat_layout([t for _, t in pairs], device="cpu")
+        self._items[version] = {n: c for (n, _), c in zip(pairs, copies, strict=True)}
         while len(self._items) > self.capacity:
             self._items.popitem(last=False)
 

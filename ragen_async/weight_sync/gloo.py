@@ -10,7 +10,9 @@ Protocol of one sync (both sides derive everything from the same manifest)::
     concurrently: publisher.publish(named_tensors, v)          # learner rank 0
                   receiver.receive(ticket)                     # next to every engine
     wire:         header (int64[6]: magic, version, #tensors, bucket bytes, manifest crc, #buckets)
-                  then one broadcast per packed buffer (per dtype, <= bucket bytes, as raw bytes)
+                  then one broadcast per buffer (per dtype, <= bucket bytes, as raw bytes): the
+                  learner's flat parameter buffers as they are (bucket bytes unbounded), or the
+                  tensors packed into buckets when they are not laid out that way
 
 Every collective has a timeout; a timeout or a dead peer raises :class:`WeightSyncError` /
 :class:`WeightSyncTimeout` naming the group. After an error the group is unusable: close it and
@@ -39,8 +41,10 @@ from ragen_async.weight_sync.base import (
     WeightReceiver,
     WeightSyncError,
     WeightSyncTimeout,
+    adjacent_bytes,
     bucket_nbytes,
     check_header,
+    dtype_from_name,
     make_header,
     make_manifest,
     pack_bucket,
@@ -51,6 +55,8 @@ from ragen_async.weight_sync.base import (
 log = logging.getLogger(__name__)
 
 STORE_PREFIX = "ragen_async/weight_sync"
+UNBOUNDED_BUCKET = 1 << 62
+"""The bucket size announced when every dtype's tensors lie in one flat buffer: one broadcast per dtype."""
 
 
 def group_name(master_address: str, master_port: int) -> str:
@@ -117,7 +123,7 @@ def receive_weights(pg: Any, manifest: Sequence[ManifestEntry], version: int, ti
     header = torch.zeros(HEADER_LEN, dtype=torch.int64)
     broadcast(pg, header, timeout_s, f"{where}: header of version {version}")
     bucket_bytes = check_header(header, manifest, version, where)
-    named: list[tuple[str, torch.Tensor]] = []
+    named: list[Any] = [None] * len(manifest)
     for i, bucket in enumerate(plan_buckets(manifest, bucket_bytes)):
         nbytes = bucket_nbytes(bucket)
         if buffers is not None and i < len(buffers) and buffers[i].numel() == nbytes:
@@ -128,9 +134,8 @@ def receive_weights(pg: Any, manifest: Sequence[ManifestEntry], version: int, ti
                 del buffers[i:]
                 buffers.append(raw)
         broadcast(pg, raw, timeout_s, f"{where}: buffer {i} of version {version}")
-        named.extend(unpack_bucket(bucket, raw, manifest))
-    order = {n: i for i, (n, _, _) in enumerate(manifest)}
-    named.sort(key=lambda item: order[item[0]])
+        for j, item in zip(bucket.indices, unpack_bucket(bucket, raw, manifest), strict=True):
+            named[j] = item
     return named
 
 
@@ -196,16 +201,26 @@ class GlooBroadcastPublisher(WeightPublisher):
         where = (f"weight broadcast from learner rank 0 at {self.name} to "
                  f"{self.num_receivers} receiver(s)")
         t0 = time.perf_counter()
-        broadcast(self._pg, make_header(manifest, version, self.bucket_bytes), self.timeout_s,
-                  f"{where}: header of version {version}")
         tensors = [t for _, t in named]
-        plan = plan_buckets(manifest, self.bucket_bytes)
-        if self._plan != plan:
-            self._plan, self._buffers = plan, [None] * len(plan)
+        # Tensors that lie in one flat buffer per dtype (the learner's layout) go as one broadcast per
+        # dtype, sent in place; others are packed into buckets of at most bucket_bytes. The header
+        # tells the receivers which plan to follow.
+        bucket_bytes = UNBOUNDED_BUCKET
+        plan = plan_buckets(manifest, bucket_bytes)
+        in_place = [adjacent_bytes([tensors[i] for i in b.indices], dtype_from_name(b.dtype)) for b in plan]
+        if any(view is None for view in in_place):
+            bucket_bytes = self.bucket_bytes
+            plan = plan_buckets(manifest, bucket_bytes)
+            if self._plan != plan:
+                self._plan, self._buffers = plan, [None] * len(plan)
+        broadcast(self._pg, make_header(manifest, version, bucket_bytes), self.timeout_s,
+                  f"{where}: header of version {version}")
         in_flight: tuple[Any, str] | None = None
         for i, bucket in enumerate(plan):
-            # Pack the next buffer while the previous one is on the wire; buffers are kept for reuse.
-            buf = self._buffers[i] = pack_bucket(bucket, tensors, out=self._buffers[i])
+            if bucket_bytes == UNBOUNDED_BUCKET:
+                buf = in_place[i]
+            else:  # pack the next buffer while the previous one is on the wire; buffers are kept for reuse
+                buf = self._buffers[i] = pack_bucket(bucket, tensors, out=self._buffers[i])
             what = f"{where}: buffer {i} of version {version}"
             work = start_broadcast(self._pg, buf, self.timeout_s, what)
             if in_flight is not None:

@@ -16,6 +16,7 @@ from ragen_async.config import load_config
 from ragen_async.envs.registry import make_env_from_tag
 from ragen_async.learner.learner import Learner
 from ragen_async.staleness import format_group_id
+from ragen_async.weight_sync.base import adjacent_bytes
 
 
 def make_cfg(model_path, *overrides):
@@ -113,6 +114,9 @@ def test_checkpoint_resume_reproduces_the_next_step(tiny_model_path, tmp_path):
         assert got[key] == pytest.approx(expected[key], rel=1e-6, abs=1e-7), key
     for pa, pb in zip(a.actor.parameters(), b.actor.parameters(), strict=True):
         torch.testing.assert_close(pa, pb, rtol=0, atol=1e-6)
+    # The published weights lie in one flat buffer (sent without packing), after steps and a load too.
+    for learner in (a, b):
+        assert adjacent_bytes([t for _, t in learner.named_weights()], torch.float32) is not None
     # The saved actor is a complete model directory: evaluating a checkpoint needs nothing else.
     ChatFormat.from_pretrained(tmp_path / "ckpt" / "actor")
 

@@ -1,4 +1,5 @@
 import asyncio
+import copy
 
 import pytest
 import torch
@@ -84,3 +85,40 @@ def test_in_process_publisher_sync_and_async():
     asyncio.run(main())
     assert [e.policy_version for e in engines] == [2, 2]
     assert torch.equal(engines[1].loaded[-1][1]["w"], torch.zeros(2))
+
+
+def test_flatten_parameters_keeps_values_and_training_and_lays_them_back_to_back():
+    from ragen_async.weight_sync.base import adjacent_bytes, flatten_parameters
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 8), torch.nn.Linear(8, 10))
+    model[1].weight = model[0].weight  # tied, as a language model's head and embedding
+    twin = copy.deepcopy(model)
+    flatten_parameters(model)
+    params = list(model.parameters())
+    assert len(params) == 2 and model[1].weight is model[0].weight
+    view = adjacent_bytes([p.data for p in params], torch.float32)
+    assert view is not None and view.numel() == sum(p.numel() * 4 for p in params)
+    # the same training step gives the same weights, and they stay in place
+    for m in (model, twin):
+        opt = torch.optim.AdamW(m.parameters(), lr=0.1)
+        m(torch.tensor([[1, 2, 3]])).sum().backward()
+        opt.step()
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert adjacent_bytes([p.data for p in model.parameters()], torch.float32).data_ptr() == view.data_ptr()
+    # separate tensors, or a gap, or another dtype: not one range
+    assert adjacent_bytes([p.data for p in twin.parameters()], torch.float32) is None
+    assert adjacent_bytes([params[1].data, params[0].data], torch.float32) is None
+    assert adjacent_bytes([p.data for p in params], torch.bfloat16) is None
+
+
+def test_ring_buffer_copies_are_flat():
+    from ragen_async.weight_sync.base import adjacent_bytes
+
+    ring = RingBuffer(2)
+    state = [("a", torch.randn(3, 2)), ("b", torch.randn(4)), ("c", torch.randn(2).bfloat16())]
+    ring.push(1, state)
+    got = ring.get(1)
+    assert all(torch.equal(got[n], t) and got[n].data_ptr() != t.data_ptr() for n, t in state)
+    assert adjacent_bytes([got["a"], got["b"]], torch.float32) is not None

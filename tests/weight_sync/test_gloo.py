@@ -102,3 +102,45 @@ def test_receiver_errors_when_publisher_never_broadcasts():
     assert "timed out after 2 s" in str(r.error) and "header of version 1" in str(r.error)
     assert time.monotonic() - t0 < 10
     pub.close()
+
+
+def test_flat_tensors_go_in_place_one_broadcast_per_dtype(monkeypatch):
+    """Tensors laid out as the learner holds them (flat_layout) are sent as they are: one broadcast per
+    dtype of the flat buffer's own memory, whatever bucket_bytes says; receivers get the same values."""
+    import ragen_async.weight_sync.gloo as gloo
+    from ragen_async.weight_sync.base import flat_layout
+
+    named = named_state()
+    flat = list(zip([n for n, _ in named], flat_layout([t for _, t in named]), strict=True))
+    pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=10, bucket_bytes=4096)
+    sent = []
+    real = gloo.start_broadcast
+
+    def spy(pg, t, *a):  # what the publisher (this thread; the receiver is another) hands to gloo
+        if threading.current_thread() is threading.main_thread():
+            sent.append(t)
+        return real(pg, t, *a)
+
+    monkeypatch.setattr(gloo, "start_broadcast", spy)
+    receiver = Receiver(pub, 1, pub.manifest(flat), version=2)
+    receiver.start()
+    pub.publish(flat, version=2)
+    receiver.join(20)
+    assert receiver.error is None
+    for (n, t), (m, got) in zip(named, receiver.result, strict=True):
+        assert n == m and torch.equal(got, t)
+    # the float32 tensors (8 KiB + 20 B) exceed bucket_bytes, yet travel as one buffer: the flat one itself
+    assert [b.numel() for b in sent] == [6, 64 * 32 * 4 + 5 * 4, 300 * 2]  # header, float32, bfloat16
+    sent.pop(0)
+    assert sent[0].data_ptr() == flat[0][1].data_ptr() and sent[1].data_ptr() == flat[1][1].data_ptr()
+    # separate tensors are packed into buckets of at most bucket_bytes (a larger tensor alone)
+    pub.close()
+    sent.clear()
+    pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=10, bucket_bytes=4096)
+    receiver = Receiver(pub, 1, pub.manifest(named), version=3)
+    receiver.start()
+    pub.publish(named, version=3)
+    receiver.join(20)
+    assert receiver.error is None and len(sent) == 1 + 3
+    assert all(torch.equal(got, t) for (_, t), (_, got) in zip(named, receiver.result, strict=True))
+    pub.close()
