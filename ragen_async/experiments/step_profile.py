@@ -6,9 +6,9 @@ learner's collation, no-grad recomputation (old log-probs / values), advantages 
 backward, optimizer), and the weight publish to the engine.
 
 The rollout is then compared with the *same engine's raw rate on the same prompts*: every generate
-call of the measured steps is recorded (prompt ids, reply length, which episode made it) and replayed
-straight into the engine with the same concurrency (episodes in parallel, each episode's calls in
-order) and no agent or env code in between. The ratio rollout tok/s / raw tok/s is the share of the
+call of the measured steps is recorded (prompt ids, reply length, which step and episode made it) and
+replayed straight into the engine with the same concurrency (step by step; within a step its episodes
+in parallel, each episode's calls in order) and no agent or env code in between. The ratio rollout tok/s / raw tok/s is the share of the
 engine's speed the rollout path keeps. A benchmark measures; nothing here asserts a speed.
 """
 
@@ -30,6 +30,8 @@ from ragen_async.inference.base import Generation, InferenceEngine, SamplingConf
 
 @dataclass
 class Call:
+    step: int
+    """The learner step whose rollout made the call."""
     episode: int
     """Identity of the asyncio task (one per episode) that made the call."""
     prompt_ids: list[int]
@@ -43,12 +45,15 @@ class RecordingEngine(InferenceEngine):
     def __init__(self, inner: InferenceEngine):
         self.inner = inner
         self.recording = False
+        self.step = 0
+        """The learner step being rolled out (set by the caller)."""
         self.calls: list[Call] = []
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig) -> Generation:
         gen = await self.inner.generate(prompt_ids, sampling)
         if self.recording:
-            self.calls.append(Call(id(asyncio.current_task()), list(prompt_ids), sampling, len(gen.token_ids)))
+            self.calls.append(Call(self.step, id(asyncio.current_task()), list(prompt_ids), sampling,
+                                   len(gen.token_ids)))
         return gen
 
     async def prompt_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
@@ -72,11 +77,13 @@ class RecordingEngine(InferenceEngine):
 
 
 async def replay(engine: InferenceEngine, calls: list[Call]) -> tuple[int, float]:
-    """Replay ``calls`` into ``engine``: episodes concurrently, each episode's calls in order, each
-    capped at its recorded reply length. Returns (generated tokens, wall seconds)."""
-    by_episode: dict[int, list[Call]] = defaultdict(list)
+    """Replay ``calls`` into ``engine`` step by step, as the rollout made them: within a step its episodes
+    concurrently, each episode's calls in order, each capped at its recorded reply length; the next
+    step's episodes start when the last of the previous step ended. Returns (generated tokens, wall
+    seconds, summed over the steps)."""
+    steps: dict[int, dict[int, list[Call]]] = defaultdict(lambda: defaultdict(list))
     for call in calls:
-        by_episode[call.episode].append(call)
+        steps[call.step][call.episode].append(call)
 
     async def episode(own: list[Call]) -> int:
         n = 0
@@ -88,7 +95,9 @@ async def replay(engine: InferenceEngine, calls: list[Call]) -> tuple[int, float
         return n
 
     t0 = time.perf_counter()
-    tokens = sum(await asyncio.gather(*[episode(own) for own in by_episode.values()]))
+    tokens = 0
+    for step in sorted(steps):
+        tokens += sum(await asyncio.gather(*[episode(own) for own in steps[step].values()]))
     return tokens, time.perf_counter() - t0
 
 
@@ -139,6 +148,7 @@ def profile_steps(cfg: RunConfig, steps: int, warmup: int) -> StepProfile:
             if "timing/step_s" not in record:
                 return
             step = int(record["learner/step"])
+            engine.step = step + 1  # the next rollout is for the next step
             if step == warmup:  # the rollouts of the following steps are recorded and measured
                 engine.recording = True
             if step > warmup:
