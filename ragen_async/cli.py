@@ -392,13 +392,24 @@ def report(
     out: Annotated[Path | None, typer.Option(help="output folder (default: PATH/report for one path, else ./report)")] = None,
     threshold: Annotated[float, typer.Option(help="validation success that counts as solved")] = 0.9,
     smooth: Annotated[int, typer.Option(min=1, help="trailing mean over this many steps in the training curves")] = 1,
+    baseline: Annotated[list[str] | None, typer.Option(
+        help="NAME=SUCCESS, a reference line on the validation plots, e.g. random=0.211 (repeatable)")] = None,
 ) -> None:
     """Write report.md, summary.csv and staleness/stability plots for runs or sweeps."""
     from ragen_async.experiments.report import ReportError, write_report
 
+    baselines: dict[str, float] = {}
+    for item in baseline or []:
+        name, sep, value = item.partition("=")
+        try:
+            baselines[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip():
+            _fail(f"--baseline {item!r}: expected NAME=SUCCESS, e.g. random=0.211")
     target = out if out is not None else (paths[0] / "report" if len(paths) == 1 else Path("report"))
     try:
-        result = write_report(paths, target, threshold=threshold, smooth=smooth)
+        result = write_report(paths, target, threshold=threshold, smooth=smooth, baselines=baselines)
     except ReportError as e:
         _fail(str(e))
     for warning in result.warnings:

@@ -591,6 +591,7 @@ def _legend(ax, runs: Sequence[RunData], colors: dict[Any, Any]) -> None:
     if len({r.fixed_lag for r in runs}) > 1:
         handles += [Line2D([], [], color="0.3", ls="-", label="bounded"),
                     Line2D([], [], color="0.3", ls="--", label="fixed lag")]
+    handles += [line for line in ax.get_lines() if line.get_gid() == "baseline"]
     ax.legend(handles=handles, fontsize=7, frameon=False, loc="best")
 
 
@@ -598,8 +599,16 @@ def _k_text(run: RunData) -> str:
     return "?" if not run.has_config else "∞" if run.k is None else str(run.k)
 
 
-def plot_curves(runs: Sequence[RunData], out: Path, smooth: int = 1) -> list[Path]:
-    """One PNG per curve in :data:`CURVES` that any run has data for."""
+def _draw_baselines(ax, baselines: dict[str, float] | None) -> None:
+    """Reference levels of validation success (e.g. the random and the oracle policy) as labelled lines."""
+    for i, (name, value) in enumerate(sorted((baselines or {}).items(), key=lambda kv: kv[1])):
+        ax.axhline(value, color="0.35", ls=(0, (1, 2 + i)), lw=1.1, label=f"{name} ({value:g})", gid="baseline")
+
+
+def plot_curves(runs: Sequence[RunData], out: Path, smooth: int = 1,
+                baselines: dict[str, float] | None = None) -> list[Path]:
+    """One PNG per curve in :data:`CURVES` that any run has data for; ``baselines`` are drawn on the
+    validation-success plot."""
     from matplotlib.figure import Figure
 
     colors = _run_colors(runs)
@@ -622,6 +631,8 @@ def plot_curves(runs: Sequence[RunData], out: Path, smooth: int = 1) -> list[Pat
             drawn.append(run)
         if not drawn:
             continue
+        if key is None:
+            _draw_baselines(ax, baselines)
         if slug == "grad_norm" and positive:
             lo, hi = ax.get_ylim()
             if hi / max(lo, 1e-12) > 50:
@@ -652,7 +663,8 @@ def val_success_vs_time(run: RunData) -> tuple[np.ndarray, np.ndarray]:
     return minutes, values
 
 
-def plot_cells(runs: Sequence[RunData], summaries: Sequence[RunSummary], out: Path, points: int = 50) -> Path | None:
+def plot_cells(runs: Sequence[RunData], summaries: Sequence[RunSummary], out: Path, points: int = 50,
+               baselines: dict[str, float] | None = None) -> Path | None:
     """Validation success of each cell (runs differing only in their seed) against the learner step and
     against training wall-clock: the mean over seeds, and a band of its 95 % interval where a cell has
     two or more seeds (each seed interpolated onto a common grid within the range all seeds cover)."""
@@ -690,6 +702,7 @@ def plot_cells(runs: Sequence[RunData], summaries: Sequence[RunSummary], out: Pa
     axes[0].set(xlabel="learner step", ylabel="validation success", title="per cell: mean over seeds, 95 % band")
     axes[1].set(xlabel="training wall-clock (minutes, validation excluded)", title="the same against time")
     for ax in axes:
+        _draw_baselines(ax, baselines)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, frameon=False, loc="best")
     return _save(fig, out / "cells_val_success.png")
@@ -751,8 +764,10 @@ class Report:
 
 
 def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: float = 0.9,
-                 smooth: int = 1, title: str | None = None) -> Report:
-    """Read every run under ``paths`` and write ``report.md``, ``summary.csv`` and the plots into ``out``."""
+                 smooth: int = 1, title: str | None = None, baselines: dict[str, float] | None = None) -> Report:
+    """Read every run under ``paths`` and write ``report.md``, ``summary.csv`` and the plots into ``out``;
+    ``baselines`` (name -> validation success, e.g. the random and oracle policies) are drawn as lines
+    on every validation-success plot."""
     runs, warnings = find_runs(paths)
     if not runs:
         raise ReportError("no runs found under " + ", ".join(map(str, paths)) +
@@ -762,11 +777,11 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
     out.mkdir(parents=True, exist_ok=True)
     summaries = [summarize(r, threshold) for r in runs]
     with_data = [r for r in runs if r.train or r.val]
-    plots = plot_curves(with_data, out, smooth=smooth) if with_data else []
+    plots = plot_curves(with_data, out, smooth=smooth, baselines=baselines) if with_data else []
     stability = plot_staleness_summary([s for s, r in zip(summaries, runs, strict=True) if r.train or r.val], out)
     if stability is not None:
         plots.append(stability)
-    cells_plot = plot_cells(runs, summaries, out)
+    cells_plot = plot_cells(runs, summaries, out, baselines=baselines)
     if cells_plot is not None:
         plots.append(cells_plot)
 

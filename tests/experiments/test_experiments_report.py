@@ -178,3 +178,21 @@ def test_curves_colour_by_k_and_by_run_when_k_is_shared(tmp_path, make_run):
     shared = runs(1, 1, 1)
     colors = _run_colors(shared)  # a method comparison at one k: each run its own colour
     assert len({_color(r, colors) for r in shared}) == 3
+
+
+def test_baselines_are_drawn_on_every_validation_plot(sweep_like, tmp_path, monkeypatch):
+    from ragen_async.experiments import report
+
+    saved = {}
+    real_save = report._save
+    monkeypatch.setattr(report, "_save", lambda fig, path: saved.setdefault(path.name, fig) and real_save(fig, path))
+    write_report([sweep_like], tmp_path / "out", baselines={"random": 0.211, "oracle": 1.0})
+
+    def levels(ax):
+        return sorted(line.get_ydata()[0] for line in ax.get_lines() if line.get_gid() == "baseline")
+
+    val_axes = [saved["curves_val_success.png"].axes[0], *saved["cells_val_success.png"].axes]
+    assert all(levels(ax) == [0.211, 1.0] for ax in val_axes)
+    legend = [t.get_text() for t in saved["curves_val_success.png"].axes[0].get_legend().get_texts()]
+    assert "random (0.211)" in legend and "oracle (1)" in legend
+    assert levels(saved["curves_entropy.png"].axes[0]) == []  # not on the other curves
