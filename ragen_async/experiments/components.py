@@ -9,9 +9,9 @@ bytes in the same run (``ragen-async bench transport`` and ``ragen-async bench w
 * **Weight sync.** One receiver process joins the gloo weight group. Each repetition is timed on the
   publisher until a barrier after the receiver finished: the project's ``GlooBroadcastPublisher.publish``
   (header, then the buckets: sent in place when the tensors lie in one flat buffer per dtype, as the
-  learner holds its parameters, packed first otherwise) with ``receive_weights`` (check, unpack) on the other side, vs one raw
-  ``broadcast`` of a flat buffer holding the same number of bytes in the same process group. The two
-  alternate, after one untimed round of each (it allocates the receive buffers).
+  learner holds its parameters, packed first otherwise) with ``receive_weights`` (check, unpack) on the
+  other side, vs one raw ``broadcast`` of a flat buffer holding the same number of bytes in the same
+  process group. The two alternate, after one untimed round of each (it allocates the receive buffers).
 """
 
 from __future__ import annotations
