@@ -21,3 +21,10 @@ def test_unknown_env_tag_or_option_fails_before_the_run_directory_exists(tmp_pat
 def test_version():
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output.startswith("ragen-async ")
+
+
+def test_report_baseline_must_be_name_equals_success(tmp_path):
+    for bad in ("random", "random=lots", "=0.2"):
+        result = CliRunner().invoke(app, ["report", str(tmp_path), "--baseline", bad, "--out", str(tmp_path / "r")])
+        assert result.exit_code == 2 and "expected NAME=SUCCESS" in result.output, result.output
+        assert not (tmp_path / "r").exists()
