@@ -40,7 +40,7 @@ import torch
 
 from ragen_async.algo.advantages import GROUP_NORM_MODES, group_normalize
 from ragen_async.algo.filtering import FILTER_MODES, select_groups_by_reward_std
-from ragen_async.protocol import BatchShard, Trajectory, TrajectoryGroup
+from ragen_async.protocol import AnyGroup, AnyTrajectory, BatchShard
 from ragen_async.staleness import StalenessStats, group_staleness, staleness_of
 
 __all__ = [
@@ -59,7 +59,7 @@ _HIST_MAX_UNBOUNDED = 16
 """Staleness histogram bins when k is unbounded (with a bound, the bins are 0..k)."""
 
 
-def group_index(group: TrajectoryGroup) -> int:
+def group_index(group: AnyGroup) -> int:
     """The group's global sequence index (carried by the group itself, set by admission control)."""
     return group.index
 
@@ -82,7 +82,7 @@ class Batch:
 
     shards: list[BatchShard]
     """One per learner rank (``shards[r].rank == r``)."""
-    groups: list[TrajectoryGroup]
+    groups: list[AnyGroup]
     """The ``groups_per_step`` groups taken, before the StarPO-S filter (all of them are consumed)."""
     metrics: dict[str, float]
     """``filter/*``, ``batch/*``, ``rollout/queue_groups``, ``rollout/buffer_wait_s``, ``staleness/*``."""
@@ -179,7 +179,7 @@ class TrajectoryBuffer:
                 "get no data; raise groups_per_step, group_size or filter_ratio"
             )
 
-        self._waiting: dict[int, TrajectoryGroup] = {}
+        self._waiting: dict[int, AnyGroup] = {}
         self._arrived_at: dict[int, float] = {}
         self._oldest: dict[int, list[int]] = {}
         """Each waiting group's per-trajectory oldest versions, computed once on arrival: the staleness
@@ -198,8 +198,7 @@ class TrajectoryBuffer:
     @property
     def nbytes(self) -> int:
         """Bytes of the per-token arrays of the groups waiting: the memory the buffer holds."""
-        return sum(t.token_ids.nbytes + t.loss_mask.nbytes + t.behaviour_logprobs.nbytes + t.token_versions.nbytes
-                   for g in self._waiting.values() for t in g.trajectories)
+        return sum(t.nbytes for g in self._waiting.values() for t in g.trajectories)
 
     @property
     def dropped_total(self) -> int:
@@ -228,7 +227,7 @@ class TrajectoryBuffer:
             usable += reason is None
         return usable >= self.groups_per_step
 
-    def _remove(self, index: int) -> tuple[TrajectoryGroup, float]:
+    def _remove(self, index: int) -> tuple[AnyGroup, float]:
         """Take a waiting group out; returns it and its arrival time."""
         del self._oldest[index]
         return self._waiting.pop(index), self._arrived_at.pop(index)
@@ -255,7 +254,7 @@ class TrajectoryBuffer:
             return "off_lag"
         return None
 
-    def _drop(self, group: TrajectoryGroup, learner_version: int, where: DropSite, reason: DropReason) -> None:
+    def _drop(self, group: AnyGroup, learner_version: int, where: DropSite, reason: DropReason) -> None:
         record = DropRecord(
             group_id=group.group_id,
             index=group_index(group),
@@ -274,7 +273,7 @@ class TrajectoryBuffer:
 
     # -- producer side -----------------------------------------------------------------------------
 
-    def add(self, group: TrajectoryGroup, learner_version: int, now: float) -> bool:
+    def add(self, group: AnyGroup, learner_version: int, now: float) -> bool:
         """Queue a finished group; ``False`` if it was dropped as already too stale. The drop is reported
         through :meth:`drain_drops` like every other: do not also count the ``False``.
 
@@ -303,7 +302,7 @@ class TrajectoryBuffer:
 
     # -- consumer side -----------------------------------------------------------------------------
 
-    def _take_groups(self, learner_version: int) -> tuple[list[TrajectoryGroup], list[float]]:
+    def _take_groups(self, learner_version: int) -> tuple[list[AnyGroup], list[float]]:
         """Remove and return the B lowest-index usable groups and their arrival times, dropping unusable
         ones on the way."""
         taken: list[int] = []
@@ -322,7 +321,7 @@ class TrajectoryBuffer:
         removed = [self._remove(index) for index in taken]
         return [g for g, _ in removed], [t for _, t in removed]
 
-    def _put_back(self, groups: Sequence[TrajectoryGroup], arrived_at: Sequence[float]) -> None:
+    def _put_back(self, groups: Sequence[AnyGroup], arrived_at: Sequence[float]) -> None:
         for group, t in zip(groups, arrived_at, strict=True):
             index = group_index(group)
             self._waiting[index], self._arrived_at[index] = group, t
@@ -349,7 +348,7 @@ class TrajectoryBuffer:
             [torch.tensor(g.scores, dtype=torch.float64) for g in groups], self.filter_ratio, self.filter_mode
         )
         kept = [groups[i] for i in kept_idx.tolist()]
-        trajs: list[Trajectory] = [t for g in kept for t in g.trajectories]
+        trajs: list[AnyTrajectory] = [t for g in kept for t in g.trajectories]
         if len(trajs) < self.num_ranks:
             self._put_back(groups, arrived)  # a configuration error must not also lose data
             raise ValueError(

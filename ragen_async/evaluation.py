@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -41,7 +41,7 @@ def episode_record(t: Trajectory, chat: ChatFormat) -> dict[str, Any]:
         "env_tag": t.env_tag, "seed": t.seed, "success": t.success, "reward": t.env_reward, "score": t.score,
         "format_penalty": t.format_penalty, "num_turns": len(t.turns), "num_tokens": t.num_tokens,
         "response_tokens": t.num_response_tokens, "truncated_by_context": t.truncated_by_context,
-        "turns": [asdict(turn) for turn in t.turns], "replies": replies,
+        "turns": [msgspec.structs.asdict(turn) for turn in t.turns], "replies": replies,
     }
 
 

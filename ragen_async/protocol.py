@@ -11,13 +11,22 @@ text. Invariants (checked by :meth:`Trajectory.validate`):
 * every reward and the format penalty are finite numbers;
 * ``token_versions[i]`` is the policy version that produced a sampled token, -1 elsewhere.
 
+On the Ray path the driver never holds a :class:`Trajectory`: it receives a :class:`GroupMeta` of
+:class:`TrajectoryMeta`\\ s, every scalar fact of the episodes plus the signed summary of their tokens
+(count, versions), with the per-token arrays left as the received wire frames. The buffer, the metrics and
+provenance read the same names from both kinds; the learner receives real trajectories.
+
 This module is pure data: no ray, zmq, vllm or torch imports (numpy only).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
+import msgspec
 import numpy as np
 
 NO_VERSION = -1
@@ -26,9 +35,12 @@ _LOGPROB_SLACK = 1e-4
 """A sampled token's log-prob may exceed 0 by this much (float rounding of a log-softmax), no more."""
 
 
-@dataclass(frozen=True, slots=True)
-class TurnRecord:
-    """What happened in one turn of an episode (everything except the tokens themselves)."""
+class TurnRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What happened in one turn of an episode (everything except the tokens themselves).
+
+    A msgspec struct: it is also its own wire form, encoded and type-checked by msgspec in C (a group
+    carries dozens of them, and checking them field by field in Python was most of the codec's cost).
+    """
 
     reward: float
     """Sum of the environment's step rewards for the actions executed this turn."""
@@ -47,8 +59,60 @@ class TurnRecord:
     env_step_s: float
 
 
+TRAJECTORY_ARRAYS: dict[str, str] = {
+    "token_ids": "<i4",
+    "token_versions": "<i4",
+    "behaviour_logprobs": "<f4",
+    "loss_mask": "|i1",
+}
+"""The per-token arrays of a trajectory with the one dtype each must have, in the order they lie in its
+wire frame (widest first, so every array starts aligned)."""
+TOKEN_FRAME_BYTES = sum(np.dtype(d).itemsize for d in TRAJECTORY_ARRAYS.values())
+"""Bytes per token of a trajectory's wire frame (its four arrays back to back)."""
+
+
+def token_arrays(frame: object, num_tokens: int) -> dict[str, np.ndarray]:
+    """The four arrays of a trajectory frame of ``num_tokens`` tokens, as read-only zero-copy views."""
+    out, offset = {}, 0
+    for name, dtype in TRAJECTORY_ARRAYS.items():
+        arr = np.frombuffer(frame, dtype=dtype, count=num_tokens, offset=offset)  # type: ignore[call-overload]
+        arr.flags.writeable = False
+        out[name] = arr
+        offset += arr.nbytes
+    return out
+
+
+VersionCounts: TypeAlias = tuple[tuple[int, int], ...]
+"""``((version, sampled tokens), ...)`` in ascending version order: the token-version facts in brief."""
+
+
+class _EpisodeFacts:
+    """What :class:`Trajectory` and :class:`TrajectoryMeta` derive alike from their scalar fields."""
+
+    __slots__ = ()
+    turns: tuple[TurnRecord, ...]
+    format_penalty: float
+
+    @property
+    def env_reward(self) -> float:
+        return float(sum(t.reward for t in self.turns))
+
+    @property
+    def score(self) -> float:
+        """Scalar training signal: environment reward plus format penalty (RAGEN's last-token score)."""
+        return self.env_reward + self.format_penalty
+
+    @property
+    def num_actions(self) -> int:
+        return sum(len(t.actions) for t in self.turns)
+
+    @property
+    def num_dropped_actions(self) -> int:
+        return sum(t.num_dropped_actions for t in self.turns)
+
+
 @dataclass(frozen=True, slots=True)
-class Trajectory:
+class Trajectory(_EpisodeFacts):
     """One episode as a single token sequence plus its per-token and per-turn annotations."""
 
     traj_id: str
@@ -72,15 +136,6 @@ class Trajectory:
     timings: dict[str, float] = field(default_factory=dict)
 
     @property
-    def env_reward(self) -> float:
-        return float(sum(t.reward for t in self.turns))
-
-    @property
-    def score(self) -> float:
-        """Scalar training signal: environment reward plus format penalty (RAGEN's last-token score)."""
-        return self.env_reward + self.format_penalty
-
-    @property
     def num_tokens(self) -> int:
         return int(self.token_ids.shape[0])
 
@@ -95,12 +150,20 @@ class Trajectory:
         return int(sampled.min()) if sampled.size else NO_VERSION
 
     @property
-    def num_actions(self) -> int:
-        return sum(len(t.actions) for t in self.turns)
+    def version_counts(self) -> VersionCounts:
+        """How many sampled tokens each policy version produced (see :data:`VersionCounts`)."""
+        sampled = self.token_versions[self.loss_mask.astype(bool)]
+        if not sampled.size:
+            return ()
+        low = int(sampled.min())
+        counts = np.bincount(sampled - low)
+        present = np.flatnonzero(counts)
+        return tuple(zip((present + low).tolist(), counts[present].tolist(), strict=True))
 
     @property
-    def num_dropped_actions(self) -> int:
-        return sum(t.num_dropped_actions for t in self.turns)
+    def nbytes(self) -> int:
+        """Bytes of the per-token arrays."""
+        return sum(getattr(self, name).nbytes for name in TRAJECTORY_ARRAYS)
 
     def validate(self) -> None:
         """Raise ``ValueError`` if the per-token arrays break the invariants in the module docstring."""
@@ -109,25 +172,114 @@ class Trajectory:
             arr = getattr(self, name)
             if arr.ndim != 1 or arr.shape[0] != n:
                 raise ValueError(f"{name} has shape {arr.shape}, expected ({n},)")
-        mask = self.loss_mask.astype(bool)
-        if not np.all((self.loss_mask == 0) | (self.loss_mask == 1)):
+        # Few, whole-array numpy calls: this runs on every trajectory at both ends of the wire.
+        if n and np.asarray(self.loss_mask).view(np.uint8).max() > 1:  # int8 -1 reads as 255
             raise ValueError("loss_mask must be 0/1")
-        if np.any(self.token_versions[mask] < 0):
-            raise ValueError("every sampled token needs a policy version")
-        if np.any(self.token_versions[~mask] != NO_VERSION):
+        mask = self.loss_mask.view(bool) if self.loss_mask.dtype.itemsize == 1 else self.loss_mask.astype(bool)
+        versions = self.token_versions
+        if not np.array_equal(versions >= 0, mask):
+            raise ValueError("every sampled token needs a policy version, and no unsampled token may have one")
+        if n and versions.min() < NO_VERSION:
             raise ValueError("unsampled tokens must carry NO_VERSION")
-        if np.any(self.behaviour_logprobs[~mask] != 0):
+        lp = self.behaviour_logprobs
+        if np.any(np.where(mask, 0, lp)):
             raise ValueError("behaviour_logprobs must be 0 on unsampled tokens")
         # NaN compares false with everything, so test finiteness first: one NaN would poison a whole batch.
-        if not np.all(np.isfinite(self.behaviour_logprobs)) or np.any(self.behaviour_logprobs > _LOGPROB_SLACK):
+        if n and not (np.isfinite(lp).all() and lp.max() <= _LOGPROB_SLACK):
             raise ValueError("behaviour_logprobs must be finite log-probabilities (<= 0)")
-        rewards = [t.reward for t in self.turns] + [self.format_penalty]
-        if not all(np.isfinite(r) for r in rewards):
+        if not all(math.isfinite(r) for r in [*(t.reward for t in self.turns), self.format_penalty]):
             raise ValueError("rewards and the format penalty must be finite")
 
 
 @dataclass(frozen=True, slots=True)
-class TrajectoryGroup:
+class TrajectoryMeta(_EpisodeFacts):
+    """A received trajectory as the driver holds it: the scalar facts, the token summary the producer
+    signed, and the per-token arrays still as the wire frames (forwarded to a learner untouched).
+
+    The array properties are zero-copy views made on demand (episode logging); nothing on the driver's
+    hot path reads them.
+    """
+
+    traj_id: str
+    env_tag: str
+    seed: int
+    group_id: str
+    turns: tuple[TurnRecord, ...]
+    format_penalty: float
+    success: bool
+    truncated_by_context: bool
+    timings: dict[str, float]
+    num_tokens: int
+    """Length of ``token_ids``."""
+    version_counts: VersionCounts
+    """Sampled tokens per policy version, as the producer declared them; the learner checks the claim
+    against the arrays before training on them."""
+    source: tuple[object, object]
+    """``(signature, header)`` frames of the message this trajectory came in (forwarded with it)."""
+    position: int
+    """Index of this trajectory in its message's header."""
+    frame: object
+    """Its per-token arrays as the received buffer (see :func:`token_arrays`)."""
+
+    @property
+    def num_response_tokens(self) -> int:
+        return sum(count for _, count in self.version_counts)
+
+    @property
+    def oldest_version(self) -> int:
+        return self.version_counts[0][0] if self.version_counts else NO_VERSION
+
+    @property
+    def nbytes(self) -> int:
+        return memoryview(self.frame).nbytes  # type: ignore[arg-type]
+
+    @property
+    def token_ids(self) -> np.ndarray:
+        return token_arrays(self.frame, self.num_tokens)["token_ids"]
+
+    @property
+    def loss_mask(self) -> np.ndarray:
+        return token_arrays(self.frame, self.num_tokens)["loss_mask"]
+
+    @property
+    def behaviour_logprobs(self) -> np.ndarray:
+        return token_arrays(self.frame, self.num_tokens)["behaviour_logprobs"]
+
+    @property
+    def token_versions(self) -> np.ndarray:
+        return token_arrays(self.frame, self.num_tokens)["token_versions"]
+
+    def materialize(self) -> Trajectory:
+        """The trajectory itself, its arrays zero-copy views of the frames (episode logging, tests)."""
+        return Trajectory(traj_id=self.traj_id, env_tag=self.env_tag, seed=self.seed, group_id=self.group_id,
+                          turns=self.turns, format_penalty=self.format_penalty, success=self.success,
+                          truncated_by_context=self.truncated_by_context, timings=self.timings,
+                          **token_arrays(self.frame, self.num_tokens))
+
+
+AnyTrajectory: TypeAlias = Trajectory | TrajectoryMeta
+"""What the buffer, metrics and provenance accept: they read only the names both kinds have."""
+
+
+class _GroupFacts:
+    __slots__ = ()
+    trajectories: Sequence[AnyTrajectory]
+
+    @property
+    def scores(self) -> list[float]:
+        return [t.score for t in self.trajectories]
+
+    @property
+    def oldest_version(self) -> int:
+        return min(t.oldest_version for t in self.trajectories)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(t.num_tokens for t in self.trajectories)
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryGroup(_GroupFacts):
     """N trajectories from one initial state: the unit sent on the wire and filtered by StarPO-S."""
 
     group_id: str
@@ -144,17 +296,29 @@ class TrajectoryGroup:
     finished_at: float = 0.0
     """Wall time the last episode of the group finished."""
 
-    @property
-    def scores(self) -> list[float]:
-        return [t.score for t in self.trajectories]
 
-    @property
-    def oldest_version(self) -> int:
-        return min(t.oldest_version for t in self.trajectories)
+@dataclass(frozen=True, slots=True)
+class GroupMeta(_GroupFacts):
+    """A received group as the driver holds it (see :class:`TrajectoryMeta`); same fields as
+    :class:`TrajectoryGroup`."""
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(t.num_tokens for t in self.trajectories)
+    group_id: str
+    index: int
+    env_tag: str
+    seed: int
+    trajectories: tuple[TrajectoryMeta, ...]
+    worker_id: str
+    created_at: float
+    finished_at: float
+
+    def materialize(self) -> TrajectoryGroup:
+        """The group itself (see :meth:`TrajectoryMeta.materialize`)."""
+        return TrajectoryGroup(group_id=self.group_id, index=self.index, env_tag=self.env_tag, seed=self.seed,
+                               trajectories=tuple(t.materialize() for t in self.trajectories),
+                               worker_id=self.worker_id, created_at=self.created_at, finished_at=self.finished_at)
+
+
+AnyGroup: TypeAlias = TrajectoryGroup | GroupMeta
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +335,8 @@ class BatchShard:
     """Learner step this batch is for (0-based)."""
     learner_version: int
     """Policy version of the learner that will consume the batch (for staleness)."""
-    trajectories: tuple[Trajectory, ...]
+    trajectories: tuple[AnyTrajectory, ...]
+    """Real trajectories once received by a learner; on the driver, the metadata of forwarded ones."""
     scores: np.ndarray
     """float32 [n]: raw trajectory score (env reward + format penalty)."""
     normalized_scores: np.ndarray

@@ -11,25 +11,22 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
-from ragen_async.protocol import BatchShard, TrajectoryGroup
+from ragen_async.protocol import AnyGroup, BatchShard
 
 
-def provenance_record(step: int, learner_version: int, groups: Sequence[TrajectoryGroup],
+def provenance_record(step: int, learner_version: int, groups: Sequence[AnyGroup],
                       shards: Sequence[BatchShard], dropped: Sequence[dict] = ()) -> dict:
     """One step: every consumed group (``groups``: index, id, seed, worker, kept, versions, scores) and
     every group dropped while this step's batch was collected (``dropped``: index, reason, where)."""
     kept = {t.traj_id for s in shards for t in s.trajectories}
     out = []
     for g in groups:
-        versions = [t.token_versions[t.loss_mask.astype(bool)] for t in g.trajectories]
-        sampled = np.concatenate(versions) if versions else np.zeros(0, dtype=np.int32)
+        sampled = [v for t in g.trajectories for v, _ in t.version_counts]
         out.append({
             "index": g.index, "group_id": g.group_id, "env_tag": g.env_tag, "seed": g.seed, "worker": g.worker_id,
             "kept": any(t.traj_id in kept for t in g.trajectories),
-            "min_version": int(sampled.min()) if sampled.size else None,
-            "max_version": int(sampled.max()) if sampled.size else None,
+            "min_version": min(sampled, default=None),
+            "max_version": max(sampled, default=None),
             "scores": [round(float(x), 6) for x in g.scores],
         })
     return {"step": step, "learner_version": learner_version, "groups": out, "dropped": list(dropped)}
@@ -39,7 +36,7 @@ class ProvenanceLog:
     def __init__(self, path: Path | None):
         self._f = Path(path).open("a", buffering=1) if path is not None else None
 
-    def write(self, step: int, learner_version: int, groups: Sequence[TrajectoryGroup],
+    def write(self, step: int, learner_version: int, groups: Sequence[AnyGroup],
               shards: Sequence[BatchShard], dropped: Sequence[dict] = ()) -> None:
         if self._f is not None:
             self._f.write(json.dumps(provenance_record(step, learner_version, groups, shards, dropped)) + "\n")

@@ -34,7 +34,7 @@ import ray
 from ragen_async.config import RunConfig
 from ragen_async.learner.actor import LearnerActor
 from ragen_async.learner.learner import TrainResult, merge_rank_metrics
-from ragen_async.protocol import BatchShard, TrajectoryGroup
+from ragen_async.protocol import AnyGroup, BatchShard, TrajectoryGroup
 from ragen_async.rollout.actor import AdmissionGate, RolloutActor
 from ragen_async.runtime import Admission, Runtime
 from ragen_async.transport import bind_address, make_receiver, make_sender
@@ -181,7 +181,7 @@ class RayRuntime(Runtime):
         await asyncio.gather(*[r.start.remote() for r in self.rollouts])
         self._started = True
 
-    async def receive(self, timeout_s: float) -> TrajectoryGroup | None:
+    async def receive(self, timeout_s: float) -> AnyGroup | None:
         if time.perf_counter() - self._last_check > self.HEALTH_CHECK_S:
             await self._replace_dead()
             self._last_check = time.perf_counter()

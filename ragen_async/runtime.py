@@ -26,7 +26,7 @@ from ragen_async.agent.chat import ChatFormat
 from ragen_async.config import RunConfig
 from ragen_async.inference.base import InferenceEngine
 from ragen_async.learner.learner import Learner, TrainResult
-from ragen_async.protocol import BatchShard, TrajectoryGroup
+from ragen_async.protocol import AnyGroup, BatchShard, TrajectoryGroup
 from ragen_async.rollout.engines import make_engine
 from ragen_async.rollout.worker import RolloutWorker, validate_engine
 from ragen_async.staleness import AdmissionController
@@ -89,7 +89,7 @@ class Runtime(ABC):
         """Start producing groups (after restore, initial publish and step-0 validation)."""
 
     @abstractmethod
-    async def receive(self, timeout_s: float) -> TrajectoryGroup | None:
+    async def receive(self, timeout_s: float) -> AnyGroup | None:
         """The next finished group, or ``None`` after ``timeout_s``. Raises if a producer failed."""
 
     @abstractmethod
@@ -146,7 +146,7 @@ class LocalRuntime(Runtime):
     async def start(self) -> None:
         pass
 
-    async def receive(self, timeout_s: float) -> TrajectoryGroup | None:
+    async def receive(self, timeout_s: float) -> AnyGroup | None:
         if not self._ready:
             indices = []
             while (index := self.admission.controller.try_admit()) is not None:

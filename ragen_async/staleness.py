@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ragen_async.protocol import NO_VERSION, Trajectory, TrajectoryGroup
+from ragen_async.protocol import NO_VERSION, AnyGroup, AnyTrajectory
 
 __all__ = [
     "AdaptiveBound",
@@ -278,12 +278,12 @@ def staleness_of(oldest_versions: Sequence[int], learner_version: int) -> int:
     return max(0 if oldest == NO_VERSION else learner_version - oldest for oldest in oldest_versions)
 
 
-def trajectory_staleness(traj: Trajectory, learner_version: int) -> int:
+def trajectory_staleness(traj: AnyTrajectory, learner_version: int) -> int:
     """Staleness of the trajectory's oldest sampled token; 0 if it sampled nothing (nothing to train on)."""
     return staleness_of([traj.oldest_version], learner_version)
 
 
-def group_staleness(group: TrajectoryGroup, learner_version: int) -> int:
+def group_staleness(group: AnyGroup, learner_version: int) -> int:
     """Staleness of the group's stalest trajectory (what the buffer's drop rule compares with k)."""
     return staleness_of([t.oldest_version for t in group.trajectories], learner_version)
 
@@ -337,14 +337,19 @@ class StalenessStats:
         self._queued: list[float] = []
         self._dropped = 0
 
-    def record_group(self, group: TrajectoryGroup, learner_version: int, consumed_at: float) -> None:
-        """Account for a group trained on at ``learner_version``, taken from the buffer at ``consumed_at``."""
+    def record_group(self, group: AnyGroup, learner_version: int, consumed_at: float) -> None:
+        """Account for a group trained on at ``learner_version``, taken from the buffer at ``consumed_at``.
+
+        Token staleness comes from each trajectory's ``version_counts`` (sampled tokens per version), the
+        summary the driver holds without the per-token arrays."""
         for traj in group.trajectories:
-            s = token_staleness(traj.token_versions, traj.loss_mask, learner_version)
-            if s.size:
-                self._hist += np.bincount(np.clip(s, 0, self.hist_max + 1), minlength=self.hist_max + 2)
-                self._token_sum += int(s.sum())
-                self._token_count += int(s.size)
+            if traj.version_counts:
+                versions, counts = np.array(traj.version_counts, dtype=np.int64).T
+                s = learner_version - versions
+                self._hist += np.bincount(np.clip(s, 0, self.hist_max + 1), weights=counts,
+                                          minlength=self.hist_max + 2).astype(np.int64)
+                self._token_sum += int((s * counts).sum())
+                self._token_count += int(counts.sum())
                 hi, lo = int(s.max()), int(s.min())
                 self._token_max = hi if self._token_max is None else max(self._token_max, hi)
                 self._token_min = lo if self._token_min is None else min(self._token_min, lo)

@@ -46,7 +46,7 @@ from ragen_async.config import RunConfig
 from ragen_async.experiments.simprofile import DEFAULT_PROFILE, Profile, load_profile
 from ragen_async.inference.base import Generation, InferenceEngine, SamplingConfig
 from ragen_async.learner.learner import TrainResult
-from ragen_async.protocol import NO_VERSION, BatchShard, Trajectory, TrajectoryGroup, TurnRecord
+from ragen_async.protocol import NO_VERSION, AnyGroup, BatchShard, Trajectory, TrajectoryGroup, TurnRecord
 from ragen_async.rollout.worker import RolloutWorker, assign_group
 from ragen_async.runtime import Admission, Runtime
 from ragen_async.staleness import format_group_id
@@ -618,7 +618,7 @@ class SimRuntime(Runtime):
     async def start(self) -> None:
         self._tell(op="start")
 
-    async def receive(self, timeout_s: float) -> TrajectoryGroup | None:
+    async def receive(self, timeout_s: float) -> AnyGroup | None:
         now = time.perf_counter()
         if self.buffer_probe is not None and now - self._last_sample > self.BUFFER_SAMPLE_S:
             self.buffer_samples.append((now, *self.buffer_probe()))

@@ -31,6 +31,7 @@ from ragen_async.transport.codec import (
     CodecError,
     Frame,
     Message,
+    Received,
     RejectReason,
     check_secret,
     decode,
@@ -191,7 +192,7 @@ class MessageReceiver(_Endpoint):
         """A snapshot of the counters."""
         return self._stats.copy()
 
-    def receive(self, timeout_s: float | None = None) -> Message | None:
+    def receive(self, timeout_s: float | None = None) -> Received | None:
         """The next valid message, or ``None`` if none arrived within ``timeout_s`` (``None``: wait forever).
 
         Invalid messages are counted and skipped without returning, so ``None`` always means "timed out".
@@ -209,13 +210,14 @@ class MessageReceiver(_Endpoint):
             if remaining == 0.0:
                 return None
 
-    def _decode_counted(self, frames: Sequence[object]) -> Message | None:
+    def _decode_counted(self, frames: Sequence[object]) -> Received | None:
         try:
             msg = decode(frames, self._secret, self.max_message_bytes, self._expected)
         except CodecError as exc:
             self._stats.rejected[exc.reason] += 1
             return None
-        # The signature is an HMAC of every other frame, so equal signatures mean the same message, and
+        # The signature is an HMAC of the header, which names every other byte (by digest), so equal
+        # signatures mean the same message, and
         # only messages that passed verification are remembered (nobody can fill the window without the key).
         signature = bytes(memoryview(frames[0]))  # type: ignore[arg-type]
         if signature in self._seen:

@@ -1,51 +1,76 @@
-"""Wire codec of the data plane: ``TrajectoryGroup`` / ``BatchShard`` <-> signed multipart frames.
+"""Wire codec of the data plane: groups travel once, the driver reads only their metadata.
 
-One message is a list of frames (a ZeroMQ multipart message, or the same list of byte strings when the
-in-process transport is used)::
+A message is a list of frames (a ZeroMQ multipart message, or the same list of byte strings in process).
+Two kinds travel, a **group** from a rollout actor to the driver and a **shard** from the driver to one
+learner rank::
 
-    frame 0    signature   HMAC-SHA256(secret, u64 n ‖ u64 len(f1) ‖ f1 ‖ … ‖ u64 len(fn) ‖ fn)
-    frame 1    header      msgpack map {"v": 1, "kind": "group" | "shard", "frames": <arrays>, "body": {...}}
-    frame 2..  arrays      raw C-contiguous little-endian bytes of every numpy array
+    group    [signature, header, *arrays]
+             signature  HMAC-SHA256(secret, header)
+             header     msgpack {"v": 2, "kind": "group", "frames": n, "body": {group fields,
+                        "trajectories": [{scalar fields, "turns": [...], "versions": [[v, count], ...],
+                        "digest": BLAKE3(arrays of this trajectory), per-array descriptors}, ...]}}
+             arrays     raw little-endian bytes of every per-token array, 4 per trajectory
 
-The body mirrors the dataclass: every scalar field (``TurnRecord`` fields included) is a msgpack value,
-every numpy field is a descriptor ``{"dtype": "<i4", "shape": [T], "frame": i}`` pointing at array frame
-``i`` (0-based, counted after the header).
+    shard    [signature, header, *sources]
+             header     msgpack {"v": 2, "kind": "shard", "frames": n, "body": {shard fields, "scores": [...],
+                        "normalized_scores": [...], "sources": [{"signature": s, "take": [i, ...]}, ...]}}
+             sources    per source: its own signature and header, then the arrays of the trajectories it
+                        takes, in order. A source is a forwarded group message (its frames unchanged) or,
+                        for a shard built from real trajectories, a "trajs" message made by the encoder.
+
+The header's signature covers the scalars, the token summary (``versions``: sampled tokens per policy
+version) and each trajectory's BLAKE3 digest; the digests cover the array bytes. So the driver
+authenticates a group by hashing its small header and checking the digests in C, reads every fact it
+decides on from the header (:class:`~ragen_async.protocol.GroupMeta`), and forwards the trajectories a
+rank trains on as the very frames it received: it never decodes or re-encodes token data. A learner
+checks each forwarded source's signature (listed in the signed shard header, so sources cannot be swapped),
+each taken trajectory's digest, :meth:`Trajectory.validate`, and that the arrays match the summary the
+driver decided on.
 
 Guarantees:
 
 * **Nothing is pickled.** msgpack is a data-only format (extension types are rejected), and dtype strings
-  from the wire go through an allow-list before numpy ever sees them, so an ``"O"`` (object) dtype can
-  never be requested.
-* **Authenticated.** The signature covers the header and every array frame, each length-prefixed and
-  preceded by the frame count, so frames can be neither altered nor re-split nor dropped.
-* **Fully validated.** :func:`decode` either returns a message whose every field has the declared type and
-  whose trajectories pass :meth:`Trajectory.validate`, or raises :class:`CodecError` whose ``reason`` is
-  one of :data:`REJECT_REASONS` (receivers count rejects by reason and keep running).
-* **Zero-copy.** :func:`encode` returns ``memoryview``\\ s of the message's own arrays; :func:`decode`
-  wraps the received buffers with ``np.frombuffer`` and marks the arrays read-only. Consequently a sender
-  must not mutate the arrays of a message it has handed to a zero-copy transport.
+  from the wire go through an allow-list before numpy ever sees them.
+* **Authenticated.** Every byte a learner trains on is covered by a signature, directly or by a digest
+  inside a signed header; frames can be neither altered nor re-split nor dropped.
+* **Fully validated.** :func:`decode` either returns a message whose every field has the declared type (and
+  whose trajectories pass :meth:`Trajectory.validate`, for shards) or raises :class:`CodecError` whose
+  ``reason`` is one of :data:`REJECT_REASONS` (receivers count rejects by reason and keep running).
+* **Zero-copy.** :func:`encode` returns ``memoryview``\\ s of the message's own arrays (or, forwarding, the
+  received frames); :func:`decode` wraps the received buffers with ``np.frombuffer`` and marks the arrays
+  read-only. A sender must not mutate the arrays of a message it has handed to a zero-copy transport.
 
 Checks run from cheapest and secret-free to most expensive: frame count and total size, header parse,
-version, frame count against the header, signature, then the body. Only the first three happen before
-the signature is verified, and they only read the outer header map.
+version, frame count against the header, signature, then the body.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import struct
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Sequence
 from dataclasses import fields
+from itertools import groupby
 from typing import Any, Literal, TypeAlias, get_args
 
-import msgpack
+import blake3
+import msgspec
 import numpy as np
 
-from ragen_async.protocol import BatchShard, Trajectory, TrajectoryGroup, TurnRecord
+from ragen_async.protocol import (
+    TOKEN_FRAME_BYTES,
+    TRAJECTORY_ARRAYS,
+    BatchShard,
+    GroupMeta,
+    Trajectory,
+    TrajectoryGroup,
+    TrajectoryMeta,
+    TurnRecord,
+    token_arrays,
+)
 
 __all__ = [
-    "ALLOWED_DTYPES",
     "CODEC_VERSION",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "REJECT_REASONS",
@@ -53,17 +78,21 @@ __all__ = [
     "Frame",
     "Message",
     "RejectReason",
+    "Received",
     "check_secret",
     "decode",
     "encode",
     "sign",
 ]
 
-CODEC_VERSION = 1
+CODEC_VERSION = 2
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 """Largest accepted message (all frames together); a group of 16 × 32k-token episodes is ~7 MiB."""
 
 Message: TypeAlias = TrajectoryGroup | BatchShard
+"""What :func:`encode` takes."""
+Received: TypeAlias = GroupMeta | BatchShard
+"""What :func:`decode` returns: a group as its metadata (the driver's view), a shard with real trajectories."""
 Frame: TypeAlias = bytes | bytearray | memoryview
 """Anything exposing the buffer protocol works on input; :func:`encode` produces bytes and memoryviews."""
 
@@ -89,67 +118,92 @@ class CodecError(ValueError):
 
 
 # --------------------------------------------------------------------------------------------------
-# Schema: the wire form of each protocol dataclass. Scalar fields map to a kind, numpy fields to the one
-# dtype the protocol declares for them (which doubles as the dtype allow-list).
-
-_ScalarKind = Literal["int", "float", "bool", "str", "str_tuple", "float_map"]
-
-_TURN_SCALARS: dict[str, _ScalarKind] = {
-    "reward": "float",
-    "actions": "str_tuple",
-    "num_dropped_actions": "int",
-    "format_ok": "bool",
-    "policy_version": "int",
-    "end_policy_version": "int",
-    "response_tokens": "int",
-    "generate_s": "float",
-    "env_step_s": "float",
-}
-_TRAJ_SCALARS: dict[str, _ScalarKind] = {
-    "traj_id": "str",
-    "env_tag": "str",
-    "seed": "int",
-    "group_id": "str",
-    "format_penalty": "float",
-    "success": "bool",
-    "truncated_by_context": "bool",
-    "timings": "float_map",
-}
-_TRAJ_ARRAYS: dict[str, str] = {
-    "token_ids": "<i4",
-    "loss_mask": "|i1",
-    "behaviour_logprobs": "<f4",
-    "token_versions": "<i4",
-}
-_GROUP_SCALARS: dict[str, _ScalarKind] = {
-    "group_id": "str",
-    "index": "int",
-    "env_tag": "str",
-    "seed": "int",
-    "worker_id": "str",
-    "created_at": "float",
-    "finished_at": "float",
-}
-_SHARD_SCALARS: dict[str, _ScalarKind] = {
-    "step": "int",
-    "learner_version": "int",
-    "batch_num_tokens": "int",
-    "batch_num_seqs": "int",
-    "rank": "int",
-    "world_size": "int",
-}
-_SHARD_ARRAYS: dict[str, str] = {"scores": "<f4", "normalized_scores": "<f4"}
-
-ALLOWED_DTYPES: frozenset[str] = frozenset({*_TRAJ_ARRAYS.values(), *_SHARD_ARRAYS.values()})
-"""Every dtype string the wire may carry. Checked before ``np.dtype`` is called on anything received."""
-
-_KINDS: dict[type, str] = {TrajectoryGroup: "group", BatchShard: "shard"}
+# Schema: the wire form of every header, as msgspec structs. msgspec decodes and type-checks them in C
+# (missing, unknown and wrongly typed fields are all refused); what types cannot say is checked after.
 
 
-def _check_schema_covers(cls: type, *parts: Mapping[str, object] | set[str]) -> None:
+class _TrajectoryWire(msgspec.Struct, forbid_unknown_fields=True):
+    traj_id: str
+    env_tag: str
+    seed: int
+    group_id: str
+    format_penalty: float
+    success: bool
+    truncated_by_context: bool
+    timings: dict[str, float]
+    turns: tuple[TurnRecord, ...]
+    versions: list[tuple[int, int]]
+    """Sampled tokens per policy version, ascending (the driver's staleness facts)."""
+    num_tokens: int
+    """Tokens of the episode: its frame holds :data:`TOKEN_FRAME_BYTES` per token."""
+    frame: int
+    """Index of its frame among the message's frames after the header."""
+    digest: bytes
+    """BLAKE3 of that frame."""
+
+
+class _TrajsBody(msgspec.Struct, forbid_unknown_fields=True):
+    """A shard's source made from real trajectories."""
+
+    trajectories: list[_TrajectoryWire]
+
+
+class _GroupBody(msgspec.Struct, forbid_unknown_fields=True):
+    group_id: str
+    index: int
+    env_tag: str
+    seed: int
+    worker_id: str
+    created_at: float
+    finished_at: float
+    trajectories: list[_TrajectoryWire]
+
+
+class _Source(msgspec.Struct, forbid_unknown_fields=True):
+    signature: bytes
+    """The source message's signature (so a learner knows it got the source the driver chose)."""
+    take: list[int]
+    """Positions of the trajectories taken from it, ascending; their arrays follow its header."""
+
+
+class _ShardBody(msgspec.Struct, forbid_unknown_fields=True):
+    step: int
+    learner_version: int
+    batch_num_tokens: int
+    batch_num_seqs: int
+    rank: int
+    world_size: int
+    scores: list[float]
+    normalized_scores: list[float]
+    sources: list[_Source]
+
+
+class _Header(msgspec.Struct, forbid_unknown_fields=True):
+    v: int
+    kind: str
+    frames: int
+    body: msgspec.Raw
+    """Decoded, by kind, only once the signature has been checked."""
+
+
+_TRAJ_ARRAYS = TRAJECTORY_ARRAYS
+_BODIES: dict[str, type] = {"group": _GroupBody, "shard": _ShardBody, "trajs": _TrajsBody}
+_SOURCE_KINDS = ("group", "trajs")
+"""Header kinds a shard's sources may have."""
+_TRAJ_SCALARS = ("traj_id", "env_tag", "seed", "group_id", "format_penalty", "success", "truncated_by_context",
+                 "timings")
+_GROUP_SCALARS = ("group_id", "index", "env_tag", "seed", "worker_id", "created_at", "finished_at")
+_SHARD_SCALARS = ("step", "learner_version", "batch_num_tokens", "batch_num_seqs", "rank", "world_size")
+
+
+def _field_names(cls: type) -> set[str]:
+    return set(cls.__struct_fields__) if hasattr(cls, "__struct_fields__") else {f.name for f in fields(cls)}
+
+
+def _check_schema_covers(cls: type, *parts: Sequence[str] | set[str]) -> None:
     # A field added to protocol.py but not here would silently vanish on the wire: fail at import instead.
     known = set().union(*parts)
-    actual = {f.name for f in fields(cls)}
+    actual = _field_names(cls)
     if known != actual:
         raise RuntimeError(
             f"codec schema for {cls.__name__} is out of date: missing {sorted(actual - known)}, "
@@ -157,17 +211,21 @@ def _check_schema_covers(cls: type, *parts: Mapping[str, object] | set[str]) -> 
         )
 
 
-_check_schema_covers(TurnRecord, _TURN_SCALARS)
 _check_schema_covers(Trajectory, _TRAJ_SCALARS, _TRAJ_ARRAYS, {"turns"})
+_check_schema_covers(_TrajectoryWire, _TRAJ_SCALARS, {"turns", "versions", "digest", "num_tokens", "frame"})
 _check_schema_covers(TrajectoryGroup, _GROUP_SCALARS, {"trajectories"})
-_check_schema_covers(BatchShard, _SHARD_SCALARS, _SHARD_ARRAYS, {"trajectories"})
+_check_schema_covers(_GroupBody, _GROUP_SCALARS, {"trajectories"})
+_check_schema_covers(BatchShard, _SHARD_SCALARS, {"trajectories", "scores", "normalized_scores"})
+_check_schema_covers(TrajectoryMeta, _TRAJ_SCALARS, {"turns", "num_tokens", "version_counts", "source", "position",
+                                                     "frame"})
+_check_schema_covers(GroupMeta, _GROUP_SCALARS, {"trajectories"})
 
 
 # --------------------------------------------------------------------------------------------------
-# Signature
+# Signature and digests
 
-_U64 = struct.Struct(">Q")
 _SIGNATURE_BYTES = hashlib.sha256().digest_size
+_DIGEST_BYTES = 32
 
 
 def _as_bytes_view(frame: object) -> memoryview:
@@ -176,15 +234,14 @@ def _as_bytes_view(frame: object) -> memoryview:
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
-def sign(secret: bytes, header: Frame, arrays: Sequence[Frame]) -> bytes:
-    """HMAC-SHA256 over the frame count and every frame after the signature, each length-prefixed."""
-    mac = hmac.new(secret, digestmod=hashlib.sha256)
-    mac.update(_U64.pack(1 + len(arrays)))
-    for frame in (header, *arrays):
-        view = _as_bytes_view(frame)
-        mac.update(_U64.pack(view.nbytes))
-        mac.update(view)
-    return mac.digest()
+def sign(secret: bytes, header: Frame) -> bytes:
+    """HMAC-SHA256 of a header (which carries the digests of its arrays)."""
+    return hmac.digest(secret, header, "sha256")
+
+
+def _digest(frame: Frame) -> bytes:
+    """BLAKE3 of one trajectory's frame."""
+    return blake3.blake3(frame).digest()
 
 
 def check_secret(secret: bytes) -> None:
@@ -197,237 +254,285 @@ def check_secret(secret: bytes) -> None:
 # Encode
 
 
-class _Encoder:
-    """Builds the header body while collecting the array frames it references."""
+def _plain(value: Any) -> Any:
+    """msgspec's hook for what it cannot encode itself: numpy scalars become Python ones, nothing else."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot encode a {type(value).__name__}")
 
-    def __init__(self) -> None:
-        self.arrays: list[memoryview] = []
 
-    def scalar(self, name: str, kind: _ScalarKind, value: Any) -> Any:
-        try:
-            if kind == "int":
-                return int(value.__index__())  # accepts numpy ints, refuses floats
-            if kind == "float":
-                return float(value)
-            if kind == "bool":
-                if not isinstance(value, (bool, np.bool_)):
-                    raise TypeError(type(value).__name__)
-                return bool(value)
-            if kind == "str":
-                if not isinstance(value, str):
-                    raise TypeError(type(value).__name__)
-                return value
-            if kind == "str_tuple":
-                if isinstance(value, str) or not all(isinstance(v, str) for v in value):
-                    raise TypeError("non-str item")
-                return list(value)
-            # float_map
-            if not all(isinstance(k, str) for k in value):
-                raise TypeError("non-str key")
-            return {k: float(v) for k, v in value.items()}
-        except (TypeError, ValueError, AttributeError) as exc:
-            raise CodecError("wrong_type", f"field {name!r} is not a valid {kind}: {exc}") from exc
+_ENCODER = msgspec.msgpack.Encoder(enc_hook=_plain)
 
-    def array(self, name: str, want: str, value: Any) -> dict[str, Any]:
-        if not isinstance(value, np.ndarray):
-            raise CodecError("wrong_type", f"field {name!r} must be a numpy array, got {type(value).__name__}")
-        if value.ndim != 1:
-            raise CodecError("malformed", f"field {name!r} must be 1-D, got shape {value.shape}")
-        dtype = np.dtype(want)
-        if value.dtype != dtype:
-            if value.dtype.newbyteorder("<") != dtype:
-                raise CodecError("wrong_type", f"field {name!r} must have dtype {dtype}, got {value.dtype}")
-            value = value.astype(dtype)  # only the byte order differs: normalise to little-endian
-        value = np.ascontiguousarray(value)  # no copy when already contiguous (the normal case)
-        self.arrays.append(_as_bytes_view(value))
-        return {"dtype": want, "shape": list(value.shape), "frame": len(self.arrays) - 1}
 
-    def fields(self, obj: Any, scalars: Mapping[str, _ScalarKind], arrays: Mapping[str, str]) -> dict[str, Any]:
-        out = {name: self.scalar(name, kind, getattr(obj, name)) for name, kind in scalars.items()}
-        out.update({name: self.array(name, want, getattr(obj, name)) for name, want in arrays.items()})
-        return out
+def _pack(header: _Header | dict[str, Any]) -> bytes:
+    try:
+        return _ENCODER.encode(header)
+    except (OverflowError, TypeError, ValueError) as exc:
+        raise CodecError("wrong_type", f"header cannot be packed: {exc}") from exc
 
-    def trajectory(self, traj: Trajectory) -> dict[str, Any]:
-        body = self.fields(traj, _TRAJ_SCALARS, _TRAJ_ARRAYS)
-        body["turns"] = [self.fields(turn, _TURN_SCALARS, {}) for turn in traj.turns]
-        try:
-            traj.validate()  # fail at the producer, where the bug is, rather than at the consumer
-        except ValueError as exc:
-            raise CodecError("malformed", f"trajectory {traj.traj_id!r}: {exc}") from exc
-        return body
 
-    def message(self, msg: Message) -> dict[str, Any]:
-        n = len(msg.trajectories)
-        if n == 0:
-            raise CodecError("malformed", "a message must carry at least one trajectory")
-        if isinstance(msg, TrajectoryGroup):
-            body = self.fields(msg, _GROUP_SCALARS, {})
+def _array(name: str, value: Any) -> np.ndarray:
+    if not isinstance(value, np.ndarray):
+        raise CodecError("wrong_type", f"field {name!r} must be a numpy array, got {type(value).__name__}")
+    if value.ndim != 1:
+        raise CodecError("malformed", f"field {name!r} must be 1-D, got shape {value.shape}")
+    dtype = np.dtype(_TRAJ_ARRAYS[name])
+    if value.dtype != dtype:
+        if value.dtype.newbyteorder("<") != dtype:
+            raise CodecError("wrong_type", f"field {name!r} must have dtype {dtype}, got {value.dtype}")
+        value = value.astype(dtype)  # only the byte order differs: normalise to little-endian
+    return np.ascontiguousarray(value)  # no copy when already contiguous (the normal case)
+
+
+def _encode_trajectory(traj: Trajectory, frames: list[Frame]) -> _TrajectoryWire:
+    """The trajectory's header entry; its arrays go, back to back, into one frame appended to ``frames``."""
+    if not isinstance(traj, Trajectory):
+        raise CodecError("wrong_type", f"expected a Trajectory, got {type(traj).__name__}")
+    arrays = [_array(name, getattr(traj, name)) for name in _TRAJ_ARRAYS]
+    try:
+        traj.validate()  # fail at the producer, where the bug is, rather than at the consumer
+    except (ValueError, TypeError) as exc:
+        raise CodecError("malformed", f"trajectory {traj.traj_id!r}: {exc}") from exc
+    frame = b"".join(arrays)  # one copy of a few KB: one frame and one digest call per trajectory
+    frames.append(frame)
+    return _TrajectoryWire(**{name: getattr(traj, name) for name in _TRAJ_SCALARS}, turns=tuple(traj.turns),
+                           versions=list(traj.version_counts), num_tokens=traj.num_tokens, frame=len(frames) - 1,
+                           digest=_digest(frame))
+
+
+def _signed(kind: str, body: msgspec.Struct, frames: list[Frame], secret: bytes) -> list[Frame]:
+    header = _pack({"v": CODEC_VERSION, "kind": kind, "frames": len(frames), "body": body})
+    return [sign(secret, header), header, *frames]
+
+
+def _encode_group(group: TrajectoryGroup, secret: bytes) -> list[Frame]:
+    if not group.trajectories:
+        raise CodecError("malformed", "a message must carry at least one trajectory")
+    frames: list[Frame] = []
+    trajs = [_encode_trajectory(t, frames) for t in group.trajectories]
+    body = _GroupBody(**{name: getattr(group, name) for name in _GROUP_SCALARS}, trajectories=trajs)
+    return _signed("group", body, frames, secret)
+
+
+def _source_blocks(trajs: Sequence[Any], secret: bytes) -> tuple[list[_Source], list[Frame]]:
+    """The shard's sources: runs of forwarded trajectories from one message reuse that message's signature
+    and header; runs of real trajectories become one new "trajs" message each."""
+    sources: list[_Source] = []
+    frames: list[Frame] = []
+    for key, run in groupby(trajs, key=lambda t: id(t.source[0]) if isinstance(t, TrajectoryMeta) else None):
+        items = list(run)
+        if key is None:  # real trajectories, encoded here
+            arrays: list[Frame] = []
+            body = _TrajsBody([_encode_trajectory(t, arrays) for t in items])
+            block = _signed("trajs", body, arrays, secret)
+            take = list(range(len(items)))
         else:
-            body = self.fields(msg, _SHARD_SCALARS, _SHARD_ARRAYS)
-            if len(msg.scores) != n or len(msg.normalized_scores) != n:
-                raise CodecError("malformed", f"shard scores do not match its {n} trajectories")
-        body["trajectories"] = [self.trajectory(t) for t in msg.trajectories]
-        return body
+            signature, header = items[0].source
+            take = [t.position for t in items]
+            if any(b <= a for a, b in zip(take, take[1:], strict=False)):
+                raise CodecError("malformed", f"forwarded trajectories out of order: positions {take}")
+            block = [signature, header, *(t.frame for t in items)]
+        sources.append(_Source(bytes(_as_bytes_view(block[0])), take))
+        frames += block
+    return sources, frames
+
+
+def _encode_shard(shard: BatchShard, secret: bytes) -> list[Frame]:
+    n = len(shard.trajectories)
+    if n == 0:
+        raise CodecError("malformed", "a message must carry at least one trajectory")
+    scores, normalized = np.asarray(shard.scores), np.asarray(shard.normalized_scores)
+    if scores.shape != (n,) or normalized.shape != (n,):
+        raise CodecError("malformed", f"shard scores do not match its {n} trajectories")
+    sources, frames = _source_blocks(shard.trajectories, secret)
+    body = _ShardBody(**{name: getattr(shard, name) for name in _SHARD_SCALARS},
+                      scores=scores.astype(np.float32).tolist(), normalized_scores=normalized.astype(np.float32).tolist(),
+                      sources=sources)
+    header = _pack({"v": CODEC_VERSION, "kind": "shard", "frames": len(frames), "body": body})
+    return [sign(secret, header), header, *frames]
 
 
 def encode(msg: Message, secret: bytes) -> list[Frame]:
-    """Serialise ``msg`` into ``[signature, header, *array_frames]``.
+    """Serialise ``msg`` into ``[signature, header, *frames]``.
 
-    Array frames are zero-copy ``memoryview``\\ s of the message's arrays (pass them to
-    ``send_multipart(..., copy=False)``); do not mutate those arrays until the send has completed.
+    A :class:`BatchShard` may hold real trajectories (encoded here) or, on the driver, the
+    :class:`TrajectoryMeta` of received ones, whose frames are forwarded as they came. Array frames are
+    zero-copy views: do not mutate those arrays until the send has completed.
 
     Raises:
         CodecError: a field has the wrong type or dtype (reason ``wrong_type``), a trajectory fails
-            :meth:`Trajectory.validate`, or a value cannot be represented (``malformed``, e.g. a 2-D array
-            or an integer beyond 64 bits).
+            :meth:`Trajectory.validate`, or a value cannot be represented (``malformed``, e.g. a 2-D array).
         TypeError: ``msg`` is not a protocol message, or the secret is not non-empty bytes.
     """
     check_secret(secret)
-    kind = _KINDS.get(type(msg))
-    if kind is None:
-        raise TypeError(f"cannot encode {type(msg).__name__}; expected TrajectoryGroup or BatchShard")
-    encoder = _Encoder()
-    body = encoder.message(msg)
-    header_map = {"v": CODEC_VERSION, "kind": kind, "frames": len(encoder.arrays), "body": body}
-    try:
-        header = msgpack.packb(header_map, use_bin_type=True)
-    except (OverflowError, TypeError, ValueError) as exc:
-        raise CodecError("malformed", f"header cannot be packed: {exc}") from exc
-    return [sign(secret, header, encoder.arrays), header, *encoder.arrays]
+    if isinstance(msg, TrajectoryGroup):
+        return _encode_group(msg, secret)
+    if isinstance(msg, BatchShard):
+        return _encode_shard(msg, secret)
+    raise TypeError(f"cannot encode {type(msg).__name__}; expected TrajectoryGroup or BatchShard")
 
 
 # --------------------------------------------------------------------------------------------------
 # Decode
 
 
+def _typed(data: Any, cls: type, what: str) -> Any:
+    """msgspec decode into ``cls``; its errors become reasons (a wrong type, or anything else malformed)."""
+    try:
+        return msgspec.msgpack.decode(data, type=cls)
+    except msgspec.ValidationError as exc:
+        reason: RejectReason = "wrong_type" if str(exc).startswith("Expected") else "malformed"
+        raise CodecError(reason, f"{what}: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise CodecError("malformed", f"{what} is not msgpack: {exc}") from exc
+
+
+def _ascending(values: Sequence[int]) -> bool:
+    return all(b > a for a, b in zip(values, values[1:], strict=False))
+
+
+class _TrajectoryDecoder:
+    """Checks what the types cannot say about one trajectory entry of a verified header."""
+
+    def __init__(self, where: str, wire: _TrajectoryWire) -> None:
+        self.where, self.wire = where, wire
+        # The driver filters and normalises on these: they must be numbers before anything reads them.
+        if not all(math.isfinite(x) for x in [wire.format_penalty, *(t.reward for t in wire.turns)]):
+            raise CodecError("malformed", f"{where}: rewards and the format penalty must be finite")
+        versions = [v for v, _ in wire.versions]
+        if any(v < 0 or c < 1 for v, c in wire.versions) or not _ascending(versions):
+            raise CodecError("malformed", f"{where}.versions must be ascending versions >= 0 with counts >= 1")
+        if len(wire.digest) != _DIGEST_BYTES:
+            raise CodecError("malformed", f"{where}.digest should be {_DIGEST_BYTES} bytes")
+        if wire.num_tokens < 0:
+            raise CodecError("malformed", f"{where}: negative length {wire.num_tokens}")
+
+    def check_frame(self, frame: memoryview) -> None:
+        """The frame has the signed digest and the declared size."""
+        if not hmac.compare_digest(_digest(frame), self.wire.digest):
+            raise CodecError("bad_signature", f"{self.where}: array bytes do not match the signed digest")
+        if frame.nbytes != self.wire.num_tokens * TOKEN_FRAME_BYTES:
+            raise CodecError("malformed", f"{self.where}: {self.wire.num_tokens} tokens do not fill a frame of "
+                                          f"{frame.nbytes} B")
+
+    def scalars(self) -> dict[str, Any]:
+        return {name: getattr(self.wire, name) for name in _TRAJ_SCALARS}
+
+    def meta(self, source: tuple[object, object], position: int, frame: memoryview) -> TrajectoryMeta:
+        return TrajectoryMeta(**self.scalars(), turns=self.wire.turns, num_tokens=self.wire.num_tokens,
+                              version_counts=tuple(self.wire.versions), source=source, position=position, frame=frame)
+
+    def trajectory(self, frame: memoryview) -> Trajectory:
+        traj = Trajectory(**self.scalars(), **token_arrays(frame, self.wire.num_tokens), turns=self.wire.turns)
+        try:
+            traj.validate()
+        except ValueError as exc:
+            raise CodecError("malformed", f"{self.where}: {exc}") from exc
+        if traj.version_counts != tuple(self.wire.versions):
+            raise CodecError("malformed", f"{self.where}: token versions do not match the signed summary")
+        return traj
+
+
+def _open(signature: memoryview, header: memoryview, secret: bytes, kinds: Sequence[str]) -> tuple[str, int, Any]:
+    """Parse and verify a ``[signature, header]`` pair; returns the header's kind, frame count and typed body."""
+    if signature.nbytes != _SIGNATURE_BYTES:
+        raise CodecError("malformed", f"signature frame has {signature.nbytes} bytes, expected {_SIGNATURE_BYTES}")
+    # The version is judged before the signature: a newer sender may sign differently, and "unknown
+    # version" tells the operator what is wrong where "bad signature" would not. Rejecting early costs nothing.
+    try:
+        typed: _Header = msgspec.msgpack.decode(header, type=_Header)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        _version_problem(header)
+        raise CodecError("wrong_type" if str(exc).startswith("Expected") else "malformed", f"header: {exc}") from exc
+    if typed.v != CODEC_VERSION:
+        raise CodecError("unknown_version", f"version {typed.v} (this codec speaks {CODEC_VERSION})")
+    if typed.frames < 0:
+        raise CodecError("malformed", f"negative frame count {typed.frames}")
+    if not hmac.compare_digest(signature, sign(secret, header)):
+        raise CodecError("bad_signature")
+    if typed.kind not in kinds:
+        raise CodecError("malformed", f"message kind {typed.kind!r} where {' or '.join(kinds)} was expected")
+    return typed.kind, typed.frames, _typed(typed.body, _BODIES[typed.kind], f"{typed.kind} body")
+
+
+def _version_problem(header: memoryview) -> None:
+    """Raise the reason an unreadable header is refused for, if it is its shape or its version."""
+    try:
+        outer = msgspec.msgpack.decode(header)
+    except msgspec.DecodeError:
+        return
+    if not isinstance(outer, dict):
+        raise CodecError("malformed", f"header should be a map, got {type(outer).__name__}")
+    if "v" in outer:
+        if not _is_int(outer["v"]):
+            raise CodecError("wrong_type", f"version should be int, got {type(outer['v']).__name__}")
+        if outer["v"] != CODEC_VERSION:
+            raise CodecError("unknown_version", f"version {outer['v']} (this codec speaks {CODEC_VERSION})")
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _decode_scalar(name: str, kind: _ScalarKind, value: Any) -> Any:
-    ok: bool
-    if kind == "int":
-        ok = _is_int(value)
-    elif kind == "float":
-        ok = isinstance(value, float)
-    elif kind == "bool":
-        ok = isinstance(value, bool)
-    elif kind == "str":
-        ok = isinstance(value, str)
-    elif kind == "str_tuple":
-        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
-        value = tuple(value) if ok else value
-    else:  # float_map
-        ok = isinstance(value, dict) and all(isinstance(v, float) for v in value.values())
-        value = dict(value) if ok else value
-    if not ok:
-        raise CodecError("wrong_type", f"field {name!r} should be {kind}, got {type(value).__name__}")
-    return value
+def _check_count(arrays: Sequence[object], declared: int) -> None:
+    if len(arrays) < declared:
+        raise CodecError("truncated", f"{len(arrays)} frame(s) of {declared}")
+    if len(arrays) > declared:
+        raise CodecError("malformed", f"{len(arrays) - declared} extra frame(s) after {declared} frame(s)")
 
 
-class _Decoder:
-    """Rebuilds dataclasses from a verified header body, checking every field and frame reference."""
-
-    def __init__(self, arrays: Sequence[memoryview]) -> None:
-        self.arrays = arrays
-        self.used = [False] * len(arrays)
-
-    @staticmethod
-    def mapping(where: str, value: Any, keys: set[str]) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise CodecError("wrong_type", f"{where} should be a map, got {type(value).__name__}")
-        if set(value) != keys:
-            missing, extra = sorted(keys - set(value)), sorted(map(repr, set(value) - keys))
-            problems = [f"missing fields {missing}"] * bool(missing) + [f"unexpected fields {extra}"] * bool(extra)
-            raise CodecError("malformed", f"{where}: {', '.join(problems)}")
-        return value
-
-    @staticmethod
-    def sequence(where: str, value: Any) -> list[Any]:
-        if not isinstance(value, list):
-            raise CodecError("wrong_type", f"{where} should be a list, got {type(value).__name__}")
-        return value
-
-    def array(self, name: str, want: str, desc: Any) -> np.ndarray:
-        desc = self.mapping(f"array {name!r}", desc, {"dtype", "shape", "frame"})
-        dtype_str, shape, index = desc["dtype"], desc["shape"], desc["frame"]
-        if not isinstance(dtype_str, str) or dtype_str not in ALLOWED_DTYPES or dtype_str != want:
-            raise CodecError("wrong_type", f"array {name!r} has dtype {dtype_str!r}, expected {want!r}")
-        if not (isinstance(shape, list) and len(shape) == 1 and all(_is_int(n) and n >= 0 for n in shape)):
-            raise CodecError("malformed", f"array {name!r} has invalid shape {shape!r}")
-        if not _is_int(index) or not 0 <= index < len(self.arrays):
-            raise CodecError("malformed", f"array {name!r} points at frame {index!r} of {len(self.arrays)}")
-        if self.used[index]:
-            raise CodecError("malformed", f"array frame {index} is referenced twice")
-        self.used[index] = True
-        dtype = np.dtype(dtype_str)
-        buf = self.arrays[index]
-        if shape[0] * dtype.itemsize != buf.nbytes:
-            raise CodecError(
-                "malformed", f"array {name!r}: shape {shape} × {dtype.itemsize} B != frame of {buf.nbytes} B"
-            )
-        arr = np.frombuffer(buf, dtype=dtype) if buf.nbytes else np.empty(0, dtype=dtype)
-        arr.flags.writeable = False  # shares memory with the received frame
-        return arr
-
-    def fields(
-        self, where: str, raw: Any, scalars: Mapping[str, _ScalarKind], arrays: Mapping[str, str], nested: set[str]
-    ) -> dict[str, Any]:
-        raw = self.mapping(where, raw, {*scalars, *arrays, *nested})
-        out = {name: _decode_scalar(f"{where}.{name}", kind, raw[name]) for name, kind in scalars.items()}
-        out.update({name: self.array(f"{where}.{name}", want, raw[name]) for name, want in arrays.items()})
-        return out
-
-    def trajectory(self, where: str, raw: Any) -> Trajectory:
-        values = self.fields(where, raw, _TRAJ_SCALARS, _TRAJ_ARRAYS, {"turns"})
-        turns = self.sequence(f"{where}.turns", raw["turns"])
-        values["turns"] = tuple(
-            TurnRecord(**self.fields(f"{where}.turns[{i}]", t, _TURN_SCALARS, {}, set())) for i, t in enumerate(turns)
-        )
-        traj = Trajectory(**values)
-        try:
-            traj.validate()
-        except ValueError as exc:
-            raise CodecError("malformed", f"{where}: {exc}") from exc
-        return traj
-
-    def trajectories(self, raw: Any) -> tuple[Trajectory, ...]:
-        items = self.sequence("trajectories", raw)
-        if not items:
-            raise CodecError("malformed", "a message must carry at least one trajectory")
-        return tuple(self.trajectory(f"trajectories[{i}]", t) for i, t in enumerate(items))
-
-    def message(self, kind: str, body: Any) -> Message:
-        msg: Message
-        if kind == "group":
-            values = self.fields("group", body, _GROUP_SCALARS, {}, {"trajectories"})
-            msg = TrajectoryGroup(trajectories=self.trajectories(body["trajectories"]), **values)
-        else:
-            values = self.fields("shard", body, _SHARD_SCALARS, _SHARD_ARRAYS, {"trajectories"})
-            msg = BatchShard(trajectories=self.trajectories(body["trajectories"]), **values)
-            n = len(msg.trajectories)
-            if msg.scores.shape[0] != n or msg.normalized_scores.shape[0] != n:
-                raise CodecError("malformed", f"shard scores do not match its {n} trajectories")
-            if not (np.all(np.isfinite(msg.scores)) and np.all(np.isfinite(msg.normalized_scores))):
-                raise CodecError("malformed", "shard scores must be finite")
-        if not all(self.used):
-            raise CodecError("malformed", "an array frame is not referenced by the header")
-        return msg
+def _decode_group(views: list[memoryview], body: _GroupBody) -> GroupMeta:
+    """The driver's view of a verified group: metadata, with every trajectory's digest checked."""
+    arrays = views[2:]
+    if not body.trajectories:
+        raise CodecError("malformed", "a message must carry at least one trajectory")
+    used = [False] * len(arrays)
+    metas = []
+    for i, wire in enumerate(body.trajectories):
+        dec = _TrajectoryDecoder(f"trajectories[{i}]", wire)
+        if not 0 <= wire.frame < len(arrays) or used[wire.frame]:
+            raise CodecError("malformed", f"trajectories[{i}]: frame {wire.frame} is out of range or used twice")
+        used[wire.frame] = True
+        dec.check_frame(arrays[wire.frame])
+        metas.append(dec.meta((views[0], views[1]), i, arrays[wire.frame]))
+    if not all(used):
+        raise CodecError("malformed", "an array frame is not referenced by the header")
+    return GroupMeta(**{name: getattr(body, name) for name in _GROUP_SCALARS}, trajectories=tuple(metas))
 
 
-_KIND_NAMES: dict[str, type] = {name: cls for cls, name in _KINDS.items()}
+def _decode_shard(views: list[memoryview], body: _ShardBody, secret: bytes) -> BatchShard:
+    """A learner's shard: every source verified, every taken trajectory rebuilt and validated."""
+    frames, pos, trajs = views[2:], 0, []
+    if not body.sources:
+        raise CodecError("malformed", "a message must carry at least one trajectory")
+    for s, source in enumerate(body.sources):
+        if not source.take or not _ascending(source.take):
+            raise CodecError("malformed", f"sources[{s}].take must be ascending positions")
+        if len(frames) < pos + 2 + len(source.take):
+            raise CodecError("truncated", f"source {s} or its trajectories are missing")
+        if bytes(frames[pos]) != source.signature:
+            raise CodecError("bad_signature", f"source {s} is not the one the shard header names")
+        _, _, src = _open(frames[pos], frames[pos + 1], secret, _SOURCE_KINDS)
+        pos += 2
+        for p in source.take:
+            if not 0 <= p < len(src.trajectories):
+                raise CodecError("malformed", f"sources[{s}] takes trajectory {p} of {len(src.trajectories)}")
+            dec = _TrajectoryDecoder(f"sources[{s}].trajectories[{p}]", src.trajectories[p])
+            dec.check_frame(frames[pos])
+            trajs.append(dec.trajectory(frames[pos]))
+            pos += 1
+    if pos != len(frames):
+        raise CodecError("malformed", f"{len(frames) - pos} frame(s) after the last source")
+    n = len(trajs)
+    if any(len(x) != n or not all(math.isfinite(v) for v in x) for x in (body.scores, body.normalized_scores)):
+        raise CodecError("malformed", f"shard scores must be {n} finite floats")
+    return BatchShard(**{name: getattr(body, name) for name in _SHARD_SCALARS}, trajectories=tuple(trajs),
+                      scores=np.asarray(body.scores, np.float32),
+                      normalized_scores=np.asarray(body.normalized_scores, np.float32))
 
 
-def _unpack_header(header: memoryview) -> dict[str, Any]:
-    try:
-        # raw=False: strings must be valid UTF-8; strict_map_key: only str/bytes keys; ext types (incl.
-        # timestamps) come back as objects that the type checks then reject.
-        value = msgpack.unpackb(header, raw=False, strict_map_key=True, use_list=True)
-    except Exception as exc:  # msgpack raises a zoo of exception types on garbage input
-        raise CodecError("malformed", f"header is not msgpack: {type(exc).__name__}") from exc
-    if not isinstance(value, dict):
-        raise CodecError("malformed", f"header should be a map, got {type(value).__name__}")
-    return value
+_KIND_NAMES: dict[str, type] = {"group": TrajectoryGroup, "shard": BatchShard}
+"""Top-level message kinds, by the protocol type they carry (what ``expected`` names)."""
 
 
 def decode(
@@ -435,15 +540,19 @@ def decode(
     secret: bytes,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     expected: type | tuple[type, ...] | None = None,
-) -> Message:
-    """Verify and deserialise ``[signature, header, *array_frames]``.
+) -> Received:
+    """Verify and deserialise ``[signature, header, *frames]``.
+
+    A group comes back as a :class:`GroupMeta` (metadata; the arrays stay the received frames, their digests
+    checked); a shard as a :class:`BatchShard` of validated :class:`Trajectory` objects.
 
     Args:
         frames: the received frames; any buffer-protocol objects (bytes, memoryviews, ``zmq.Frame.buffer``).
             The returned arrays are read-only views of these buffers.
         secret: the per-run HMAC key the sender used.
         max_message_bytes: reject messages whose frames total more than this (reason ``oversized``).
-        expected: if given, the message kinds this receiver accepts; any other is ``wrong_type``.
+        expected: if given, the message kinds this receiver accepts (``TrajectoryGroup``, ``BatchShard``);
+            any other is ``wrong_type``.
 
     Raises:
         CodecError: with ``reason`` in :data:`REJECT_REASONS`.
@@ -460,34 +569,8 @@ def decode(
     total = sum(v.nbytes for v in views)
     if total > max_message_bytes:
         raise CodecError("oversized", f"{total} bytes > limit {max_message_bytes}")
-    signature, header, arrays = views[0], views[1], views[2:]
-    if signature.nbytes != _SIGNATURE_BYTES:
-        raise CodecError("malformed", f"signature frame has {signature.nbytes} bytes, expected {_SIGNATURE_BYTES}")
-
-    outer = _unpack_header(header)
-    # The version is read before the signature: a newer sender may sign differently, and "unknown version"
-    # tells the operator what is wrong where "bad signature" would not. Rejecting early costs nothing.
-    if "v" not in outer:
-        raise CodecError("malformed", "header has no version")
-    if not _is_int(outer["v"]):
-        raise CodecError("wrong_type", f"version should be int, got {type(outer['v']).__name__}")
-    if outer["v"] != CODEC_VERSION:
-        raise CodecError("unknown_version", f"version {outer['v']} (this codec speaks {CODEC_VERSION})")
-    outer = _Decoder.mapping("header", outer, {"v", "kind", "frames", "body"})
-    declared = outer["frames"]
-    if not _is_int(declared):
-        raise CodecError("wrong_type", f"frame count should be int, got {type(declared).__name__}")
-    if len(arrays) < declared:
-        raise CodecError("truncated", f"{len(arrays)} array frame(s) of {declared}")
-    if len(arrays) > declared:
-        raise CodecError("malformed", f"{len(arrays) - declared} extra frame(s) after {declared} array frame(s)")
-
-    if not hmac.compare_digest(signature, sign(secret, header, arrays)):
-        raise CodecError("bad_signature")
-
-    kind = outer["kind"]
-    if not isinstance(kind, str) or kind not in _KIND_NAMES:
-        raise CodecError("malformed", f"unknown message kind {kind!r}")
+    kind, declared, body = _open(views[0], views[1], secret, tuple(_KIND_NAMES))
+    _check_count(views[2:], declared)
     if expected is not None and not issubclass(_KIND_NAMES[kind], expected):
         raise CodecError("wrong_type", f"got a {kind} message where {expected} was expected")
-    return _Decoder(arrays).message(kind, outer["body"])
+    return _decode_group(views, body) if kind == "group" else _decode_shard(views, body, secret)

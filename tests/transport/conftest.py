@@ -7,7 +7,7 @@ import secrets
 import numpy as np
 import pytest
 
-from ragen_async.protocol import NO_VERSION, BatchShard, Trajectory, TrajectoryGroup, TurnRecord
+from ragen_async.protocol import NO_VERSION, BatchShard, GroupMeta, Trajectory, TrajectoryGroup, TurnRecord
 
 
 def make_trajectory(rng: np.random.Generator, group_id: str, i: int, num_turns: int = 3) -> Trajectory:
@@ -92,7 +92,10 @@ def make_shard(rng: np.random.Generator) -> BatchShard:
 
 
 def assert_same_message(a: object, b: object) -> None:
-    """Field-by-field equality with bit-exact arrays (dataclass == cannot compare numpy arrays)."""
+    """Field-by-field equality with bit-exact arrays (dataclass == cannot compare numpy arrays). A received
+    group (``GroupMeta``) is compared through the group it describes."""
+    if isinstance(b, GroupMeta):
+        b = b.materialize()
     assert type(a) is type(b)
     for name in a.__dataclass_fields__:  # type: ignore[attr-defined]
         x, y = getattr(a, name), getattr(b, name)

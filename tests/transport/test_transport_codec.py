@@ -11,9 +11,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from ragen_async.protocol import BatchShard, TrajectoryGroup
+from ragen_async.protocol import TRAJECTORY_ARRAYS, BatchShard, GroupMeta, TrajectoryGroup, token_arrays
 from ragen_async.transport import CodecError, decode, encode, make_inproc_pair
-from ragen_async.transport.codec import CODEC_VERSION, REJECT_REASONS, _check_schema_covers, sign
+from ragen_async.transport.codec import CODEC_VERSION, REJECT_REASONS, _check_schema_covers, _digest, sign
 
 # ----------------------------------------------------------------------------------------------------
 # Round trips
@@ -31,16 +31,17 @@ def test_shard_round_trip_is_bit_exact(msgs, secret):
     msgs.assert_same(shard, decode(encode(shard, secret), secret))
 
 
-def test_frame_layout_and_zero_copy(msgs, secret):
+def test_frame_layout(msgs, secret):
     group = msgs.group(size=2)
     frames = encode(group, secret)
     assert len(frames[0]) == 32  # HMAC-SHA256
     header = msgpack.unpackb(frames[1], raw=False)
-    assert header["v"] == CODEC_VERSION and header["kind"] == "group" and header["frames"] == 8
-    assert len(frames) == 2 + 8
-    # Array frames are views of the trajectory's own memory, not copies.
-    token_ids = group.trajectories[0].token_ids
-    assert np.frombuffer(frames[2], np.uint8).ctypes.data == token_ids.ctypes.data
+    assert header["v"] == CODEC_VERSION and header["kind"] == "group" and header["frames"] == 2
+    assert len(frames) == 2 + 2  # one frame per trajectory: its four arrays back to back, widest first
+    traj = group.trajectories[1]
+    assert bytes(frames[3]) == b"".join(getattr(traj, name).tobytes() for name in TRAJECTORY_ARRAYS)
+    assert header["body"]["trajectories"][1]["num_tokens"] == traj.num_tokens
+    assert header["body"]["trajectories"][1]["versions"] == [list(vc) for vc in traj.version_counts]
 
 
 def test_decoded_arrays_are_read_only_views(msgs, secret):
@@ -89,6 +90,12 @@ def test_encode_refuses_wrong_dtype_and_invalid_trajectories(msgs, secret):
         encode("not a message", secret)  # type: ignore[arg-type]
 
 
+def test_an_integer_where_a_float_belongs_arrives_as_a_float(msgs, secret):
+    frames = resign([bytes(f) for f in encode(msgs.group(size=1), secret)], secret, _set_turn("reward", 1))
+    reward = decode(frames, secret).trajectories[0].turns[0].reward
+    assert reward == 1.0 and type(reward) is float
+
+
 def test_schema_guard_catches_protocol_drift():
     @dataclasses.dataclass
     class Drifted:
@@ -128,36 +135,52 @@ def _set_turn(field: str, value: object) -> Callable[[dict], None]:
     return edit
 
 
-def _set_array(field: str, key: str, value: object) -> Callable[[dict], None]:
-    def edit(header: dict) -> None:
-        header["body"]["trajectories"][0][field][key] = value
-
-    return edit
-
-
 def resign(frames: list, secret: bytes, edit: Callable[[dict], None]) -> list[bytes]:
     """Edit the header map, re-pack it and sign again with the right secret (a trusted-but-buggy peer)."""
     header = msgpack.unpackb(bytes(frames[1]), raw=False)
     edit(header)
     packed = msgpack.packb(header, use_bin_type=True)
     arrays = [bytes(f) for f in frames[2:]]
-    return [sign(secret, packed, arrays), packed, *arrays]
+    return [sign(secret, packed), packed, *arrays]
 
 
 def _resigned(edit: Callable[[dict], None]) -> Mutation:
     return lambda frames, secret: resign(frames, secret, edit)
 
 
-def _corrupt_loss_mask(frames: list, secret: bytes) -> list:
-    """Mark a prompt token as sampled and re-sign: only Trajectory.validate() can catch it."""
+def _edit_tokens(edit: Callable[[dict[str, np.ndarray]], None]) -> Mutation:
+    """A key-holding peer that edits the first trajectory's arrays and gives them a matching digest: the
+    header stays true to the bytes, the bytes break an invariant only ``Trajectory.validate`` can see."""
 
-    header = msgpack.unpackb(bytes(frames[1]), raw=False)
-    index = 2 + header["body"]["trajectories"][0]["loss_mask"]["frame"]
-    out = [bytes(f) for f in frames]
-    mask = bytearray(out[index])
-    mask[0] = 1
-    out[index] = bytes(mask)
-    return resign(out, secret, lambda h: None)
+    def mutate(frames: list, secret: bytes) -> list:
+        header = msgpack.unpackb(bytes(frames[1]), raw=False)
+        traj = header["body"]["trajectories"][0]
+        out = [bytes(f) for f in frames]
+        arrays = {name: a.copy() for name, a in token_arrays(out[2 + traj["frame"]], traj["num_tokens"]).items()}
+        edit(arrays)
+        out[2 + traj["frame"]] = b"".join(arrays[name].tobytes() for name in TRAJECTORY_ARRAYS)
+        return resign(out, secret, _set_traj("digest", _digest(out[2 + traj["frame"]])))
+
+    return mutate
+
+
+def _first_sampled(arrays: dict[str, np.ndarray]) -> int:
+    return int(np.flatnonzero(arrays["loss_mask"] == 1)[0])
+
+
+def _set_in_array(name: str, value: float, sampled: bool) -> Mutation:
+    """Write ``value`` into the first sampled (or the first prompt) token of one array."""
+    return _edit_tokens(lambda a: a[name].__setitem__(_first_sampled(a) if sampled else 0, value))
+
+
+_corrupt_loss_mask = _set_in_array("loss_mask", 1, sampled=False)
+"""Mark a prompt token as sampled."""
+
+
+def _misdeclare_versions(frames: list, secret: bytes) -> list:
+    """Claim every sampled token is one version newer than it is: the driver would judge staleness on a lie."""
+    return resign(frames, secret, lambda h: h["body"]["trajectories"][0].update(
+        versions=[[v + 1, c] for v, c in h["body"]["trajectories"][0]["versions"]]))
 
 
 def _other_secret(frames: list, secret: bytes) -> list:
@@ -174,31 +197,38 @@ BAD: dict[str, tuple[Mutation, str]] = {
     "header_only": (lambda f, s: f[:2], "truncated"),
     "extra_frame": (lambda f, s: [*f, b"\x00" * 8], "malformed"),
     "flipped_bit_in_array": (lambda f, s: _flip_bit(f, 3), "bad_signature"),
+    "flipped_bit_in_header": (lambda f, s: _flip_bit(f, 1), "bad_signature"),
     "swapped_array_frames": (lambda f, s: [*f[:2], f[3], f[2], *f[4:]], "bad_signature"),
     "wrong_secret": (_other_secret, "bad_signature"),
     "unknown_version_unsigned": (lambda f, s: _flip_version(f), "unknown_version"),
-    "unknown_version_signed": (_resigned(lambda h: h.update(v=2)), "unknown_version"),
+    "unknown_version_signed": (_resigned(lambda h: h.update(v=CODEC_VERSION + 1)), "unknown_version"),
     "version_is_str": (_resigned(lambda h: h.update(v="1")), "wrong_type"),
     "unknown_kind": (_resigned(lambda h: h.update(kind="pickle")), "malformed"),
+    "bare_source_kind": (_resigned(lambda h: h.update(kind="trajs")), "malformed"),
+    "digest_too_short": (_resigned(_set_traj("digest", b"\x00" * 8)), "malformed"),
+    "versions_not_pairs": (_resigned(_set_traj("versions", [[1, 2, 3]])), "wrong_type"),
+    "versions_descending": (_resigned(_set_traj("versions", [[2, 1], [1, 1]])), "malformed"),
+    "versions_zero_count": (_resigned(_set_traj("versions", [[1, 0]])), "malformed"),
     "unknown_header_key": (_resigned(lambda h: h.update(extra=1)), "malformed"),
     "seed_is_str": (_resigned(_set_traj("seed", "7")), "wrong_type"),
     "seed_is_float": (_resigned(_set_traj("seed", 7.0)), "wrong_type"),
     "success_is_int": (_resigned(_set_traj("success", 1)), "wrong_type"),
     "timings_value_is_str": (_resigned(_set_traj("timings", {"x": "1"})), "wrong_type"),
     "turns_is_str": (_resigned(_set_traj("turns", "turn")), "wrong_type"),
-    "reward_is_int": (_resigned(_set_turn("reward", 1)), "wrong_type"),
     "actions_hold_int": (_resigned(_set_turn("actions", ["up", 3])), "wrong_type"),
     "reward_is_ext_type": (_resigned(_set_turn("reward", msgpack.ExtType(1, b"x"))), "wrong_type"),
     "missing_field": (_resigned(lambda h: h["body"]["trajectories"][0].pop("env_tag")), "malformed"),
     "unexpected_field": (_resigned(_set_traj("pickled", b"\x80\x04")), "malformed"),
-    "dtype_not_allowed": (_resigned(_set_array("token_ids", "dtype", "|O")), "wrong_type"),
-    "dtype_of_other_field": (_resigned(_set_array("token_ids", "dtype", "<f4")), "wrong_type"),
-    "shape_too_long": (_resigned(_set_array("token_ids", "shape", [10**6])), "malformed"),
-    "shape_2d": (_resigned(_set_array("token_ids", "shape", [1, 2])), "malformed"),
-    "frame_index_out_of_range": (_resigned(_set_array("token_ids", "frame", 99)), "malformed"),
-    "frame_referenced_twice": (_resigned(_set_array("loss_mask", "frame", 0)), "malformed"),
-    "inconsistent_arrays": (_corrupt_loss_mask, "malformed"),
+    "num_tokens_too_many": (_resigned(_set_traj("num_tokens", 10**6)), "malformed"),
+    "num_tokens_one_short": (_resigned(lambda h: h["body"]["trajectories"][0].update(
+        num_tokens=h["body"]["trajectories"][0]["num_tokens"] - 1)), "malformed"),
+    "num_tokens_negative": (_resigned(_set_traj("num_tokens", -3)), "malformed"),
+    "num_tokens_is_str": (_resigned(_set_traj("num_tokens", "12")), "wrong_type"),
+    "frame_index_out_of_range": (_resigned(_set_traj("frame", 99)), "malformed"),
+    "frame_referenced_twice": (_resigned(lambda h: h["body"]["trajectories"][1].update(frame=0)), "malformed"),
     "no_trajectories": (_resigned(lambda h: h["body"].update(trajectories=[])), "malformed"),
+    "reward_is_nan": (_resigned(_set_turn("reward", float("nan"))), "malformed"),
+    "format_penalty_is_inf": (_resigned(_set_traj("format_penalty", float("-inf"))), "malformed"),
 }
 
 
@@ -227,13 +257,93 @@ def test_decode_rejects_oversized_unexpected_and_non_sequences(msgs, secret):
     with pytest.raises(CodecError) as err:
         decode(frames, secret, expected=BatchShard)
     assert err.value.reason == "wrong_type"
-    assert isinstance(decode(frames, secret, expected=(TrajectoryGroup, BatchShard)), TrajectoryGroup)
+    assert isinstance(decode(frames, secret, expected=(TrajectoryGroup, BatchShard)), GroupMeta)
     with pytest.raises(CodecError) as err:
         decode(b"".join(bytes(f) for f in frames), secret)  # type: ignore[arg-type]
     assert err.value.reason == "malformed"
     with pytest.raises(CodecError) as err:
         decode([b"\x00" * 32, frames[1], 12345], secret)
     assert err.value.reason == "malformed"
+
+
+def _forward(frames: list, secret: bytes, take: tuple[int, ...] = (0, 1)) -> list:
+    """What the driver does: decode a group to its metadata, then send some of its trajectories on in a shard."""
+    meta = decode(frames, secret)
+    trajs = tuple(meta.trajectories[i] for i in take)
+    shard = BatchShard(step=3, learner_version=4, trajectories=trajs, scores=np.zeros(len(trajs), np.float32),
+                       normalized_scores=np.ones(len(trajs), np.float32), batch_num_tokens=7, batch_num_seqs=9)
+    return [bytes(f) for f in encode(shard, secret)]
+
+
+def test_driver_forwards_the_received_frames_without_re_encoding(msgs, secret):
+    group = msgs.group(size=3)
+    frames = [bytes(f) for f in encode(group, secret)]
+    meta = decode(frames, secret)
+    for real, seen in zip(group.trajectories, meta.trajectories, strict=True):  # the facts the driver decides on
+        assert (seen.score, seen.num_tokens, seen.num_response_tokens, seen.oldest_version, seen.version_counts) == (
+            real.score, real.num_tokens, real.num_response_tokens, real.oldest_version, real.version_counts)
+    shard_frames = encode(BatchShard(step=3, learner_version=4, trajectories=(meta.trajectories[0], meta.trajectories[2]),
+                                     scores=np.zeros(2, np.float32), normalized_scores=np.ones(2, np.float32),
+                                     batch_num_tokens=7, batch_num_seqs=9), secret)
+    # The group's own signature, header and the taken trajectories' arrays go out as the very same buffers.
+    assert shard_frames[2] is meta.trajectories[0].source[0] and shard_frames[3] is meta.trajectories[0].source[1]
+    assert shard_frames[4] is meta.trajectories[0].frame and shard_frames[5] is meta.trajectories[2].frame
+    shard = decode([bytes(f) for f in shard_frames], secret)
+    msgs.assert_same(group.trajectories[0], shard.trajectories[0])
+    msgs.assert_same(group.trajectories[2], shard.trajectories[1])
+
+
+def test_shard_mixes_forwarded_and_local_trajectories_in_order(msgs, secret):
+    a, b = msgs.group(index=1, size=2), msgs.group(index=2, size=2)
+    meta = decode([bytes(f) for f in encode(a, secret)], secret)
+    trajs = (meta.trajectories[1], *b.trajectories, meta.trajectories[0])
+    shard = BatchShard(step=1, learner_version=1, trajectories=trajs, scores=np.arange(4, dtype=np.float32),
+                       normalized_scores=-np.arange(4, dtype=np.float32), batch_num_tokens=1, batch_num_seqs=4)
+    out = decode(encode(shard, secret), secret)
+    for want, got in zip((a.trajectories[1], *b.trajectories, a.trajectories[0]), out.trajectories, strict=True):
+        msgs.assert_same(want, got)
+    np.testing.assert_array_equal(out.normalized_scores, shard.normalized_scores)
+
+
+def _swap_source(frames: list, secret: bytes, other: TrajectoryGroup) -> list:
+    """Put another validly signed group where the shard header names the first: sources cannot be swapped."""
+    replacement = [bytes(f) for f in encode(other, secret)]
+    return [*frames[:2], replacement[0], replacement[1], *frames[4:]]
+
+
+SHARD_BAD: dict[str, tuple[Callable[..., list], str]] = {
+    "inconsistent_arrays": (lambda f, s: _forward(_corrupt_loss_mask(f, s), s), "malformed"),
+    "versions_misdeclared": (lambda f, s: _forward(_misdeclare_versions(f, s), s), "malformed"),
+    "loss_mask_not_binary": (lambda f, s: _forward(_set_in_array("loss_mask", 2, True)(f, s), s), "malformed"),
+    "logprob_on_prompt_token": (lambda f, s: _forward(_set_in_array("behaviour_logprobs", -0.5, False)(f, s), s),
+                                "malformed"),
+    "logprob_nan": (lambda f, s: _forward(_set_in_array("behaviour_logprobs", np.nan, True)(f, s), s), "malformed"),
+    "logprob_positive": (lambda f, s: _forward(_set_in_array("behaviour_logprobs", 0.5, True)(f, s), s), "malformed"),
+    "negative_token_version": (lambda f, s: _forward(_set_in_array("token_versions", -7, True)(f, s), s),
+                               "malformed"),
+    "flipped_bit_in_forwarded_array": (lambda f, s: _flip_bit(_forward(f, s), 5), "bad_signature"),
+    "swapped_source": (lambda f, s, other: _swap_source(_forward(f, s), s, other), "bad_signature"),
+    "take_out_of_range": (lambda f, s: resign(_forward(f, s, (0,)), s, lambda h: h["body"]["sources"][0].update(
+        take=[5])), "malformed"),
+    "take_not_ascending": (lambda f, s: resign(_forward(f, s), s, lambda h: h["body"]["sources"][0].update(
+        take=[1, 0])), "malformed"),
+    "missing_forwarded_array": (lambda f, s: resign(_forward(f, s), s, lambda h: h.update(frames=h["frames"] - 1))[:-1],
+                                "truncated"),
+    "scores_too_few": (lambda f, s: resign(_forward(f, s), s, lambda h: h["body"].update(scores=[0.0])), "malformed"),
+    "scores_not_finite": (lambda f, s: resign(_forward(f, s), s, lambda h: h["body"].update(
+        scores=[float("nan"), 0.0])), "malformed"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHARD_BAD))
+def test_learner_rejects_bad_forwarded_shards(case, msgs, secret):
+    """What the driver cannot see (it reads headers only) the learner catches before training on it."""
+    mutate, reason = SHARD_BAD[case]
+    frames = [bytes(f) for f in encode(msgs.group(size=2), secret)]
+    args = (msgs.group(index=9, size=2),) if case == "swapped_source" else ()
+    with pytest.raises(CodecError) as err:
+        decode(mutate(frames, secret, *args), secret)
+    assert err.value.reason == reason, err.value
 
 
 def test_codec_error_reasons_are_a_fixed_set():
