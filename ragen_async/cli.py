@@ -228,14 +228,16 @@ def bench_transport_cmd(
     out: Annotated[Path | None, typer.Option(help="append the table to this markdown file")] = None,
 ) -> None:
     """Codec + ZeroMQ on loopback vs a raw send_multipart of the same bytes, two group sizes."""
-    from ragen_async.experiments.components import PAPER, SOKOBAN, bench_transport, format_transport
+    from ragen_async.experiments.components import HOPS, PAPER, SOKOBAN, bench_transport, format_transport
 
     if groups < 10 or repeats < 1:
         raise typer.BadParameter("--groups must be >= 10 and --repeats >= 1")
     rows = bench_transport({SOKOBAN: groups, PAPER: max(1, groups // 10)}, repeats)
+    hops = "\n".join(f"- {hop}: {what}" for hop, what in HOPS.items())
     _print_bench("Transport benchmark", f"ragen-async bench transport --groups {groups} --repeats {repeats}",
                  f"sender and receiver: two processes on loopback TCP; median of {repeats} runs per path, "
-                 "the paths alternating", format_transport(rows), out)
+                 f"the paths alternating; raw = send_multipart / recv_multipart of the same frames\n\n{hops}",
+                 format_transport(rows), out)
 
 
 @bench_app.command("weights")

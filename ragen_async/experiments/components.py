@@ -1,11 +1,12 @@
 """Component benchmarks: each of the project's data-plane paths against a raw baseline moving the same
 bytes in the same run (``ragen-async bench transport`` and ``ragen-async bench weights``).
 
-* **Transport.** A sender process pushes distinct trajectory groups through the project's path
-  (``codec.encode`` + signing + ``ZmqSender`` → ``ZmqReceiver`` + verify + decode + validate) and,
-  separately, the already-encoded frames of the same groups through a bare PUSH/PULL pair
-  (``send_multipart`` / ``recv_multipart(copy=False)``). The clock runs on the receiver, from the
-  sender's start signal to the last message received.
+* **Transport.** A sender process pushes distinct trajectory groups to a receiver process over loopback
+  TCP, on each of the three hops in :data:`HOPS` (an actor encoding and the driver reading; the driver
+  alone; the driver's forwarded shard and a learner decoding it), and, separately, the already-encoded
+  frames of the same messages through a bare PUSH/PULL pair (``send_multipart`` /
+  ``recv_multipart(copy=False)``). The clock runs on the receiver, from the sender's start signal to the
+  last message received.
 * **Weight sync.** One receiver process joins the gloo weight group. Each repetition is timed on the
   publisher until a barrier after the receiver finished: the project's ``GlooBroadcastPublisher.publish``
   (header, then the buckets: sent in place when the tensors lie in one flat buffer per dtype, as the
@@ -82,9 +83,22 @@ def synthetic_group(shape: GroupShape, index: int, seed: int = 0) -> TrajectoryG
 # ---- transport -------------------------------------------------------------------------------
 
 
+HOPS: dict[str, str] = {
+    "actor → driver": "one sender encodes every group (ZmqSender.send); the receiver checks and reads it "
+                      "(ZmqReceiver.receive: signature, digests, metadata)",
+    "driver receive": "the same receiver, fed groups encoded beforehand, as many actors encoding in parallel "
+                      "would feed it: the driver's own cost",
+    "driver → learner": "the driver's shards (every trajectory of a group, forwarded as received) decoded by a "
+                        "learner's receiver: signatures, digests, arrays rebuilt, validate",
+}
+"""The hops the transport benchmark times; raw is always ``send_multipart`` / ``recv_multipart`` of the
+same frames."""
+
+
 @dataclass(frozen=True)
 class TransportRow:
     shape: str
+    hop: str
     path: str
     groups: int
     mb_per_group: float
@@ -99,46 +113,63 @@ class TransportRow:
         return self.groups * self.mb_per_group / self.seconds
 
 
-def _transport_sender(path: str, address: str, secret: bytes, shape: GroupShape, n: int,
+def _frames(hop: str, group: TrajectoryGroup, secret: bytes) -> list:
+    """The frames of ``group`` as they travel on ``hop``: the group message, or the learner shard that
+    forwards all of its trajectories."""
+    from ragen_async.protocol import BatchShard
+    from ragen_async.transport.codec import decode, encode
+
+    frames = [bytes(f) for f in encode(group, secret)]
+    if hop != "driver → learner":
+        return frames
+    trajs = decode(frames, secret).trajectories
+    n = len(trajs)
+    shard = BatchShard(step=group.index, learner_version=0, trajectories=trajs, scores=np.zeros(n, np.float32),
+                       normalized_scores=np.zeros(n, np.float32), batch_num_tokens=1, batch_num_seqs=n)
+    return [bytes(f) for f in encode(shard, secret)]
+
+
+def _transport_sender(hop: str, path: str, address: str, secret: bytes, shape: GroupShape, n: int,
                       ready, go) -> None:  # noqa: ANN001 - multiprocessing events
     import zmq
 
-    from ragen_async.transport.codec import encode
     from ragen_async.transport.zmq_transport import ZmqSender
 
     groups = [synthetic_group(shape, i) for i in range(n)]
-    if path == "project":
+    if path == "project" and hop == "actor → driver":
         sender = ZmqSender(address, secret, send_timeout_s=120)
         ready.set()
         go.wait()
         for g in groups:
             sender.send(g)
         sender.close()
-    else:
-        frames = [encode(g, secret) for g in groups]
-        sock = zmq.Context.instance().socket(zmq.PUSH)
-        sock.setsockopt(zmq.SNDHWM, 8)
-        sock.setsockopt(zmq.LINGER, 5000)
-        sock.connect(address)
-        ready.set()
-        go.wait()
-        for f in frames:
-            sock.send_multipart(f, copy=False)
-        sock.close()
+        return
+    frames = [_frames(hop, g, secret) for g in groups]
+    sock = zmq.Context.instance().socket(zmq.PUSH)
+    sock.setsockopt(zmq.SNDHWM, 8)
+    sock.setsockopt(zmq.LINGER, 5000)
+    sock.connect(address)
+    ready.set()
+    go.wait()
+    for f in frames:
+        sock.send_multipart(f, copy=False)
+    sock.close()
 
 
-def _transport_run(path: str, shape: GroupShape, n: int) -> TransportRow:
+def _transport_run(hop: str, path: str, shape: GroupShape, n: int) -> TransportRow:
     import zmq
 
-    from ragen_async.transport.codec import encode
+    from ragen_async.protocol import BatchShard
     from ragen_async.transport.zmq_transport import ZmqReceiver
 
     secret = secrets.token_bytes(32)
-    mb = sum(len(memoryview(f)) for f in encode(synthetic_group(shape, 0), secret)) / 1e6
+    mb = sum(len(f) for f in _frames(hop, synthetic_group(shape, 0), secret)) / 1e6
     ctx = mp.get_context("spawn")
     ready, go = ctx.Event(), ctx.Event()
+    learner = hop == "driver → learner"
     if path == "project":
-        receiver = ZmqReceiver.bind(secret, expected=TrajectoryGroup, max_message_bytes=1 << 30)
+        receiver = ZmqReceiver.bind(secret, expected=BatchShard if learner else TrajectoryGroup,
+                                    max_message_bytes=1 << 30)
         address = receiver.address
     else:
         sock = zmq.Context.instance().socket(zmq.PULL)
@@ -146,46 +177,53 @@ def _transport_run(path: str, shape: GroupShape, n: int) -> TransportRow:
         sock.setsockopt(zmq.LINGER, 0)
         sock.bind("tcp://127.0.0.1:*")
         address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-    proc = ctx.Process(target=_transport_sender, args=(path, address, secret, shape, n, ready, go), daemon=True)
+    proc = ctx.Process(target=_transport_sender, args=(hop, path, address, secret, shape, n, ready, go), daemon=True)
     proc.start()
-    if not ready.wait(120):
-        raise RuntimeError("transport benchmark: the sender process did not start within 120 s")
+    if not ready.wait(300):
+        raise RuntimeError("transport benchmark: the sender process did not start within 300 s")
     t0 = time.perf_counter()
     go.set()
     for i in range(n):
         if path == "project":
             msg = receiver.receive(timeout_s=60)
-            if msg is None or msg.index != i:
-                raise RuntimeError(f"transport benchmark: expected group {i}, got {msg!r:.80}")
+            got = None if msg is None else (msg.step if learner else msg.index)
+            if got != i:
+                raise RuntimeError(f"transport benchmark: expected message {i}, got {got!r}; rejected so far: "
+                                   f"{ {k: v for k, v in receiver.stats.rejected.items() if v} }")
         else:
             if not sock.poll(60_000):
-                raise RuntimeError(f"transport benchmark: raw group {i} did not arrive within 60 s")
+                raise RuntimeError(f"transport benchmark: raw message {i} did not arrive within 60 s")
             sock.recv_multipart(copy=False)
     seconds = time.perf_counter() - t0
     proc.join(30)
     (receiver if path == "project" else sock).close()
-    return TransportRow(shape.name, path, n, mb, seconds)
+    return TransportRow(shape.name, hop, path, n, mb, seconds)
 
 
-def bench_transport(groups: dict[GroupShape, int], repeats: int = 3) -> list[TransportRow]:
-    """Project path and raw PUSH/PULL, alternating, ``repeats`` times per shape; every run is returned."""
+def bench_transport(groups: dict[GroupShape, int], repeats: int = 3, hops: tuple[str, ...] = tuple(HOPS)
+                    ) -> list[TransportRow]:
+    """Project path and raw PUSH/PULL, alternating, ``repeats`` times per shape and hop; every run is returned."""
+    unknown = set(hops) - set(HOPS)
+    if unknown:
+        raise ValueError(f"unknown hop(s) {sorted(unknown)}; valid: {', '.join(HOPS)}")
     rows = []
     for shape, n in groups.items():
-        for _ in range(repeats):
-            for path in ("project", "raw"):
-                rows.append(_transport_run(path, shape, n))
+        for hop in hops:
+            for _ in range(repeats):
+                for path in ("project", "raw"):
+                    rows.append(_transport_run(hop, path, shape, n))
     return rows
 
 
 def format_transport(rows: list[TransportRow]) -> str:
-    lines = ["| groups | MB per group | project MB/s | project groups/s | raw ZeroMQ MB/s | project / raw |",
-             "|---|---|---|---|---|---|"]
-    for shape in dict.fromkeys(r.shape for r in rows):
-        project = [r for r in rows if r.shape == shape and r.path == "project"]
-        raw = [r for r in rows if r.shape == shape and r.path == "raw"]
+    lines = ["| groups | hop | MB per message | project MB/s | project groups/s | raw ZeroMQ MB/s | project / raw |",
+             "|---|---|---|---|---|---|---|"]
+    for shape, hop in dict.fromkeys((r.shape, r.hop) for r in rows):
+        project = [r for r in rows if (r.shape, r.hop, r.path) == (shape, hop, "project")]
+        raw = [r for r in rows if (r.shape, r.hop, r.path) == (shape, hop, "raw")]
         p = statistics.median(r.mb_per_s for r in project)
         q = statistics.median(r.mb_per_s for r in raw)
-        lines.append(f"| {shape} ({project[0].groups} per run) | {project[0].mb_per_group:.3f} | {p:,.0f} | "
+        lines.append(f"| {shape} ({project[0].groups} per run) | {hop} | {project[0].mb_per_group:.3f} | {p:,.0f} | "
                      f"{statistics.median(r.groups_per_s for r in project):,.0f} | {q:,.0f} | {p / q:.2f} |")
     return "\n".join(lines)
 

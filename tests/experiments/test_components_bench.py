@@ -3,6 +3,7 @@
 import torch
 
 from ragen_async.experiments.components import (
+    HOPS,
     SOKOBAN,
     GroupShape,
     bench_transport,
@@ -26,9 +27,10 @@ def test_synthetic_groups_are_valid_and_sized():
 def test_transport_bench_moves_every_group_on_both_paths():
     small = GroupShape("small", 2, prompt_tokens=10, turns=2, reply_tokens=3, feedback_tokens=4)
     rows = bench_transport({small: 20}, repeats=1)
-    assert [(r.path, r.groups) for r in rows] == [("project", 20), ("raw", 20)]
+    assert [(r.hop, r.path, r.groups) for r in rows] == [(hop, path, 20) for hop in HOPS for path in ("project", "raw")]
     assert all(r.seconds > 0 and r.mb_per_group > 0 for r in rows)
-    assert "| small (20 per run) |" in format_transport(rows)
+    table = format_transport(rows)
+    assert all(f"| small (20 per run) | {hop} |" in table for hop in HOPS)
 
 
 def test_weights_bench_syncs_both_ways():
