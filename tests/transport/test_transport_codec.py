@@ -11,7 +11,14 @@ import msgpack
 import numpy as np
 import pytest
 
-from ragen_async.protocol import TRAJECTORY_ARRAYS, BatchShard, GroupMeta, TrajectoryGroup, token_arrays
+from ragen_async.protocol import (
+    TOKEN_FRAME_BYTES,
+    TRAJECTORY_ARRAYS,
+    BatchShard,
+    GroupMeta,
+    TrajectoryGroup,
+    token_arrays,
+)
 from ragen_async.transport import CodecError, decode, encode, make_inproc_pair
 from ragen_async.transport.codec import CODEC_VERSION, REJECT_REASONS, _check_schema_covers, _digest, sign
 
@@ -36,10 +43,12 @@ def test_frame_layout(msgs, secret):
     frames = encode(group, secret)
     assert len(frames[0]) == 32  # HMAC-SHA256
     header = msgpack.unpackb(frames[1], raw=False)
-    assert header["v"] == CODEC_VERSION and header["kind"] == "group" and header["frames"] == 2
-    assert len(frames) == 2 + 2  # one frame per trajectory: its four arrays back to back, widest first
+    assert header["v"] == CODEC_VERSION and header["kind"] == "group" and header["frames"] == 1
+    assert len(frames) == 2 + 1  # one data frame: each trajectory's four arrays back to back, widest first
+    parts = [b"".join(getattr(t, name).tobytes() for name in TRAJECTORY_ARRAYS) for t in group.trajectories]
+    assert bytes(frames[2]) == b"".join(parts)
     traj = group.trajectories[1]
-    assert bytes(frames[3]) == b"".join(getattr(traj, name).tobytes() for name in TRAJECTORY_ARRAYS)
+    assert header["body"]["trajectories"][1]["offset"] == len(parts[0])
     assert header["body"]["trajectories"][1]["num_tokens"] == traj.num_tokens
     assert header["body"]["trajectories"][1]["versions"] == [list(vc) for vc in traj.version_counts]
 
@@ -154,12 +163,19 @@ def _edit_tokens(edit: Callable[[dict[str, np.ndarray]], None]) -> Mutation:
 
     def mutate(frames: list, secret: bytes) -> list:
         header = msgpack.unpackb(bytes(frames[1]), raw=False)
-        traj = header["body"]["trajectories"][0]
-        out = [bytes(f) for f in frames]
-        arrays = {name: a.copy() for name, a in token_arrays(out[2 + traj["frame"]], traj["num_tokens"]).items()}
+        traj = header["body"]["trajectories"][0]  # its arrays open the data frame
+        size = traj["num_tokens"] * TOKEN_FRAME_BYTES
+        data = bytes(frames[2])
+        arrays = {name: a.copy() for name, a in token_arrays(data[:size], traj["num_tokens"]).items()}
         edit(arrays)
-        out[2 + traj["frame"]] = b"".join(arrays[name].tobytes() for name in TRAJECTORY_ARRAYS)
-        return resign(out, secret, _set_traj("digest", _digest(out[2 + traj["frame"]])))
+        part = b"".join(arrays[name].tobytes() for name in TRAJECTORY_ARRAYS)
+        data = part + data[size:]
+
+        def digests(h: dict) -> None:
+            h["body"]["trajectories"][0]["digest"] = _digest(part)
+            h["body"]["digest"] = _digest(data)
+
+        return resign([frames[0], frames[1], data], secret, digests)
 
     return mutate
 
@@ -196,9 +212,8 @@ BAD: dict[str, tuple[Mutation, str]] = {
     "missing_last_frame": (lambda f, s: f[:-1], "truncated"),
     "header_only": (lambda f, s: f[:2], "truncated"),
     "extra_frame": (lambda f, s: [*f, b"\x00" * 8], "malformed"),
-    "flipped_bit_in_array": (lambda f, s: _flip_bit(f, 3), "bad_signature"),
+    "flipped_bit_in_array": (lambda f, s: _flip_bit(f, 2), "bad_signature"),
     "flipped_bit_in_header": (lambda f, s: _flip_bit(f, 1), "bad_signature"),
-    "swapped_array_frames": (lambda f, s: [*f[:2], f[3], f[2], *f[4:]], "bad_signature"),
     "wrong_secret": (_other_secret, "bad_signature"),
     "unknown_version_unsigned": (lambda f, s: _flip_version(f), "unknown_version"),
     "unknown_version_signed": (_resigned(lambda h: h.update(v=CODEC_VERSION + 1)), "unknown_version"),
@@ -224,8 +239,10 @@ BAD: dict[str, tuple[Mutation, str]] = {
         num_tokens=h["body"]["trajectories"][0]["num_tokens"] - 1)), "malformed"),
     "num_tokens_negative": (_resigned(_set_traj("num_tokens", -3)), "malformed"),
     "num_tokens_is_str": (_resigned(_set_traj("num_tokens", "12")), "wrong_type"),
-    "frame_index_out_of_range": (_resigned(_set_traj("frame", 99)), "malformed"),
-    "frame_referenced_twice": (_resigned(lambda h: h["body"]["trajectories"][1].update(frame=0)), "malformed"),
+    "offset_past_the_data": (_resigned(_set_traj("offset", 10**6)), "malformed"),
+    "offsets_overlap": (_resigned(lambda h: h["body"]["trajectories"][1].update(offset=0)), "malformed"),
+    "group_digest_wrong": (_resigned(lambda h: h["body"].update(digest=bytes(32))), "bad_signature"),
+    "two_data_frames": (lambda f, s: resign([*f, f[2]], s, lambda h: h.update(frames=2)), "malformed"),
     "no_trajectories": (_resigned(lambda h: h["body"].update(trajectories=[])), "malformed"),
     "reward_is_nan": (_resigned(_set_turn("reward", float("nan"))), "malformed"),
     "format_penalty_is_inf": (_resigned(_set_traj("format_penalty", float("-inf"))), "malformed"),

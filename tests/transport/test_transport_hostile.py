@@ -72,9 +72,8 @@ def _resign(frames: Frames, secret: bytes, edit: Callable[[dict, list[bytearray]
     arrays = [bytearray(f) for f in frames[2:]]
     edit(header, arrays)
     arrays_b = [bytes(a) for a in arrays]
-    for traj in header["body"].get("trajectories", []):
-        if isinstance(traj.get("frame"), int) and 0 <= traj["frame"] < len(arrays_b):
-            traj["digest"] = _digest(arrays_b[traj["frame"]])
+    if len(arrays_b) == 1 and isinstance(header.get("body"), dict):
+        header["body"]["digest"] = _digest(arrays_b[0])
     packed = msgpack.packb(header, use_bin_type=True)
     return [sign(secret, packed), packed, *arrays_b]
 
@@ -113,9 +112,8 @@ def wrong_array_length(rng, valid, secret, legit):
 
 
 def frame_cut_short(rng, valid, secret, legit):
-    def edit(h, arrays):  # the frame loses its last bytes, consistently digested and signed
-        t = _traj(h, rng)
-        arrays[t["frame"]] = arrays[t["frame"]][: -int(rng.integers(1, 13))]
+    def edit(h, arrays):  # the data frame loses its last bytes, consistently digested and signed
+        arrays[0] = arrays[0][: -int(rng.integers(1, 13))]
 
     return _resign(valid, secret, edit)
 
@@ -127,9 +125,9 @@ def negative_length(rng, valid, secret, legit):
     return _resign(valid, secret, edit)
 
 
-def frame_index_out_of_range(rng, valid, secret, legit):
+def offset_out_of_range(rng, valid, secret, legit):
     def edit(h, arrays):
-        _traj(h, rng)["frame"] = int(rng.integers(len(arrays), 2**40))
+        _traj(h, rng)["offset"] = int(rng.integers(len(arrays[0]), 2**40))
 
     return _resign(valid, secret, edit)
 
@@ -198,7 +196,7 @@ KINDS: dict[str, tuple[Callable[..., Frames], str]] = {
     "wrong_array_length": (wrong_array_length, "malformed"),
     "frame_cut_short": (frame_cut_short, "malformed"),
     "negative_length": (negative_length, "malformed"),
-    "frame_index_out_of_range": (frame_index_out_of_range, "malformed"),
+    "offset_out_of_range": (offset_out_of_range, "malformed"),
     "unknown_version_signed": (unknown_version_signed, "unknown_version"),
     "index_is_float": (index_is_float, "wrong_type"),
     "reward_is_nested_map": (reward_is_nested_map, "wrong_type"),
