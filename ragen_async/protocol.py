@@ -191,13 +191,13 @@ class Trajectory(_EpisodeFacts):
             raise ValueError("rewards and the format penalty must be finite")
 
 
-@dataclass(frozen=True, slots=True)
-class TrajectoryMeta(_EpisodeFacts):
+class TrajectoryMeta(msgspec.Struct, _EpisodeFacts, frozen=True):
     """A received trajectory as the driver holds it: the scalar facts, the token summary the producer
     signed, and the per-token arrays still as the wire frames (forwarded to a learner untouched).
 
     The array properties are zero-copy views made on demand (episode logging); nothing on the driver's
-    hot path reads them.
+    hot path reads them. A msgspec struct only because it is built for every received trajectory and a
+    struct is built several times faster than a frozen dataclass; it never goes on the wire itself.
     """
 
     traj_id: str
@@ -297,8 +297,7 @@ class TrajectoryGroup(_GroupFacts):
     """Wall time the last episode of the group finished."""
 
 
-@dataclass(frozen=True, slots=True)
-class GroupMeta(_GroupFacts):
+class GroupMeta(msgspec.Struct, _GroupFacts, frozen=True):
     """A received group as the driver holds it (see :class:`TrajectoryMeta`); same fields as
     :class:`TrajectoryGroup`."""
 

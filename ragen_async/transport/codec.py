@@ -410,21 +410,26 @@ def _ascending(values: Sequence[int]) -> bool:
     return all(b > a for a, b in zip(values, values[1:], strict=False))
 
 
+def _check_wire(where: str, wire: _TrajectoryWire) -> None:
+    """What the types cannot say about one trajectory entry of a verified header."""
+    # The driver filters and normalises on these: they must be numbers before anything reads them.
+    if not math.isfinite(wire.format_penalty) or not all(math.isfinite(t.reward) for t in wire.turns):
+        raise CodecError("malformed", f"{where}: rewards and the format penalty must be finite")
+    versions = wire.versions
+    if any(v < 0 or c < 1 for v, c in versions) or not _ascending([v for v, _ in versions]):
+        raise CodecError("malformed", f"{where}.versions must be ascending versions >= 0 with counts >= 1")
+    if len(wire.digest) != _DIGEST_BYTES:
+        raise CodecError("malformed", f"{where}.digest should be {_DIGEST_BYTES} bytes")
+    if wire.num_tokens < 0:
+        raise CodecError("malformed", f"{where}: negative length {wire.num_tokens}")
+
+
 class _TrajectoryDecoder:
-    """Checks what the types cannot say about one trajectory entry of a verified header."""
+    """A learner's check and rebuild of one forwarded trajectory."""
 
     def __init__(self, where: str, wire: _TrajectoryWire) -> None:
+        _check_wire(where, wire)
         self.where, self.wire = where, wire
-        # The driver filters and normalises on these: they must be numbers before anything reads them.
-        if not all(math.isfinite(x) for x in [wire.format_penalty, *(t.reward for t in wire.turns)]):
-            raise CodecError("malformed", f"{where}: rewards and the format penalty must be finite")
-        versions = [v for v, _ in wire.versions]
-        if any(v < 0 or c < 1 for v, c in wire.versions) or not _ascending(versions):
-            raise CodecError("malformed", f"{where}.versions must be ascending versions >= 0 with counts >= 1")
-        if len(wire.digest) != _DIGEST_BYTES:
-            raise CodecError("malformed", f"{where}.digest should be {_DIGEST_BYTES} bytes")
-        if wire.num_tokens < 0:
-            raise CodecError("malformed", f"{where}: negative length {wire.num_tokens}")
 
     def check_frame(self, frame: memoryview) -> None:
         """The frame has the signed digest and the declared size."""
@@ -436,10 +441,6 @@ class _TrajectoryDecoder:
 
     def scalars(self) -> dict[str, Any]:
         return {name: getattr(self.wire, name) for name in _TRAJ_SCALARS}
-
-    def meta(self, source: tuple[object, object], position: int, frame: memoryview) -> TrajectoryMeta:
-        return TrajectoryMeta(**self.scalars(), turns=self.wire.turns, num_tokens=self.wire.num_tokens,
-                              version_counts=tuple(self.wire.versions), source=source, position=position, frame=frame)
 
     def trajectory(self, frame: memoryview) -> Trajectory:
         traj = Trajectory(**self.scalars(), **token_arrays(frame, self.wire.num_tokens), turns=self.wire.turns)
@@ -508,14 +509,18 @@ def _decode_group(views: list[memoryview], body: _GroupBody) -> GroupMeta:
         raise CodecError("malformed", "a message must carry at least one trajectory")
     if not hmac.compare_digest(_digest(data), body.digest):
         raise CodecError("bad_signature", "the data frame does not match the signed digest")
-    metas, offset = [], 0
-    for i, wire in enumerate(body.trajectories):
-        dec = _TrajectoryDecoder(f"trajectories[{i}]", wire)
-        end = offset + wire.num_tokens * TOKEN_FRAME_BYTES
-        if wire.offset != offset or end > data.nbytes:
-            raise CodecError("malformed", f"trajectories[{i}]: arrays at {wire.offset} of {wire.num_tokens} tokens "
+    metas, offset, source = [], 0, (views[0], views[1])
+    for i, w in enumerate(body.trajectories):
+        _check_wire(f"trajectories[{i}]", w)
+        end = offset + w.num_tokens * TOKEN_FRAME_BYTES
+        if w.offset != offset or end > data.nbytes:
+            raise CodecError("malformed", f"trajectories[{i}]: arrays at {w.offset} of {w.num_tokens} tokens "
                                           f"do not follow the previous trajectory's within {data.nbytes} B")
-        metas.append(dec.meta((views[0], views[1]), i, data[offset:end]))
+        metas.append(TrajectoryMeta(
+            traj_id=w.traj_id, env_tag=w.env_tag, seed=w.seed, group_id=w.group_id, turns=w.turns,
+            format_penalty=w.format_penalty, success=w.success, truncated_by_context=w.truncated_by_context,
+            timings=w.timings, num_tokens=w.num_tokens, version_counts=tuple(w.versions), source=source,
+            position=i, frame=data[offset:end]))
         offset = end
     if offset != data.nbytes:
         raise CodecError("malformed", f"{data.nbytes - offset} B of the data frame belong to no trajectory")
