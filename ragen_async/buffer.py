@@ -185,6 +185,10 @@ class TrajectoryBuffer:
         """Each waiting group's per-trajectory oldest versions, computed once on arrival: the staleness
         checks that run after every received group then cost a few integer operations per group."""
         self._learner_version = 0
+        self._usable: int = 0
+        self._counted_at: int | None = None
+        """The version :attr:`_usable` (waiting groups usable right now) was counted at; ``None`` when the
+        waiting set changed other than by an arrival, so that the next :meth:`ready` scans again."""
         self._drops: list[DropRecord] = []
         self._dropped_total = 0
         self._stats = StalenessStats(_HIST_MAX_UNBOUNDED if max_staleness is None else max_staleness)
@@ -217,15 +221,20 @@ class TrajectoryBuffer:
         Waiting groups that are over the bound at ``learner_version`` are dropped here (site ``consume``):
         staleness only grows, so they can never be used, and their admission slots must come back now,
         not at the next batch, which might otherwise never become ready (a tight bound holds no spare slot).
+
+        The scan runs once per version (staleness moves only with it); between scans :meth:`add` keeps the
+        count of usable groups, so the loop may ask after every received group at O(1) cost.
         """
         version = self._learner_version if learner_version is None else learner_version
-        usable = 0
-        for index in sorted(self._waiting):
-            reason = self._violation(index, self._oldest[index], version, consuming=True)
-            if reason == "stale":
-                self._drop(self._remove(index)[0], version, "consume", reason)
-            usable += reason is None
-        return usable >= self.groups_per_step
+        if version != self._counted_at:  # staleness moves only with the version: one scan per version
+            usable = 0
+            for index in sorted(self._waiting):
+                reason = self._violation(index, self._oldest[index], version, consuming=True)
+                if reason == "stale":
+                    self._drop(self._remove(index)[0], version, "consume", reason)
+                usable += reason is None
+            self._usable, self._counted_at = usable, version
+        return self._usable >= self.groups_per_step
 
     def _remove(self, index: int) -> tuple[AnyGroup, float]:
         """Take a waiting group out; returns it and its arrival time."""
@@ -239,6 +248,7 @@ class TrajectoryBuffer:
         if self.fixed_lag or self.max_staleness is None:
             raise ValueError("only a bounded, non-fixed-lag buffer can move its bound")
         self.max_staleness = k
+        self._counted_at = None
 
     def _violation(self, index: int, oldest: Sequence[int], learner_version: int, consuming: bool) -> DropReason | None:
         """Why group ``index``, whose trajectories' oldest versions are ``oldest``, cannot be used at
@@ -298,6 +308,11 @@ class TrajectoryBuffer:
         self._waiting[index] = group
         self._arrived_at[index] = now
         self._oldest[index] = oldest
+        if self._counted_at is not None:  # do for it what the scan in ready() would: count it, or drop it
+            reason = self._violation(index, oldest, self._counted_at, consuming=True)
+            if reason == "stale":
+                self._drop(self._remove(index)[0], self._counted_at, "consume", reason)
+            self._usable += reason is None
         return True
 
     # -- consumer side -----------------------------------------------------------------------------
@@ -305,6 +320,7 @@ class TrajectoryBuffer:
     def _take_groups(self, learner_version: int) -> tuple[list[AnyGroup], list[float]]:
         """Remove and return the B lowest-index usable groups and their arrival times, dropping unusable
         ones on the way."""
+        self._counted_at = None  # the waiting set changes here whatever happens
         taken: list[int] = []
         for index in sorted(self._waiting):
             reason = self._violation(index, self._oldest[index], learner_version, consuming=True)
@@ -322,6 +338,7 @@ class TrajectoryBuffer:
         return [g for g, _ in removed], [t for _, t in removed]
 
     def _put_back(self, groups: Sequence[AnyGroup], arrived_at: Sequence[float]) -> None:
+        self._counted_at = None
         for group, t in zip(groups, arrived_at, strict=True):
             index = group_index(group)
             self._waiting[index], self._arrived_at[index] = group, t
