@@ -7,8 +7,8 @@ What is real and what stands in:
   metrics), the ``TrajectoryBuffer``, the ``AdmissionController`` (in its own process, as Ray's gate actor
   is), the rollout loop ``RolloutWorker.run`` of every actor (admission, concurrency, accounting), the codec
   (signing, validation) and ZeroMQ: every group is encoded by its actor and pushed through its own
-  ``ZmqSender`` to the driver's ``ZmqReceiver``; every batch shard is encoded by the driver and pushed to
-  its learner rank, as ``RayRuntime.train`` does.
+  ``ZmqSender`` to the driver's ``ZmqReceiver``, which reads its header; every batch shard is built by the
+  driver from the received frames and pushed to its learner rank, as ``RayRuntime.train`` does.
 * **Stand-ins:** the engine (:class:`SimEngine`, continuous batching: any number of sequences decode at
   once, each token at the latency the real engine showed) and the agent/environment: an actor replays a
   group recorded on the real vLLM engine (``simprofile``: token counts, per-token latencies, agent time

@@ -4,44 +4,47 @@ A message is a list of frames (a ZeroMQ multipart message, or the same list of b
 Two kinds travel, a **group** from a rollout actor to the driver and a **shard** from the driver to one
 learner rank::
 
-    group    [signature, header, *arrays]
+    group    [signature, header, data]
              signature  HMAC-SHA256(secret, header)
-             header     msgpack {"v": 2, "kind": "group", "frames": n, "body": {group fields,
-                        "trajectories": [{scalar fields, "turns": [...], "versions": [[v, count], ...],
-                        "digest": BLAKE3(arrays of this trajectory), per-array descriptors}, ...]}}
-             arrays     raw little-endian bytes of every per-token array, 4 per trajectory
+             header     msgpack {"v": 2, "kind": "group", "frames": 1, "body": {group fields,
+                        "digest": BLAKE3(data), "trajectories": [{scalar fields, "turns": [...],
+                        "versions": [[v, count], ...], "num_tokens": n, "offset": o,
+                        "digest": BLAKE3(this trajectory's part of data)}, ...]}}
+             data       every trajectory's four per-token arrays back to back (widest first, little-endian),
+                        the trajectories one after another
 
     shard    [signature, header, *sources]
              header     msgpack {"v": 2, "kind": "shard", "frames": n, "body": {shard fields, "scores": [...],
                         "normalized_scores": [...], "sources": [{"signature": s, "take": [i, ...]}, ...]}}
-             sources    per source: its own signature and header, then the arrays of the trajectories it
-                        takes, in order. A source is a forwarded group message (its frames unchanged) or,
-                        for a shard built from real trajectories, a "trajs" message made by the encoder.
+             sources    per source: its own signature and header, then the part of its data of each
+                        trajectory it takes, one frame each, in order. A source is a forwarded group message
+                        or, for a shard built from real trajectories, a "trajs" message made by the encoder.
 
 The header's signature covers the scalars, the token summary (``versions``: sampled tokens per policy
-version) and each trajectory's BLAKE3 digest; the digests cover the array bytes. So the driver
-authenticates a group by hashing its small header and checking the digests in C, reads every fact it
-decides on from the header (:class:`~ragen_async.protocol.GroupMeta`), and forwards the trajectories a
-rank trains on as the very frames it received: it never decodes or re-encodes token data. A learner
-checks each forwarded source's signature (listed in the signed shard header, so sources cannot be swapped),
-each taken trajectory's digest, :meth:`Trajectory.validate`, and that the arrays match the summary the
-driver decided on.
+version) and the digests; the digests cover the bytes. So the driver authenticates a group with one HMAC of
+its small header and one BLAKE3 call over its data, reads every fact it decides on from the header
+(:class:`~ragen_async.protocol.GroupMeta`), and forwards the trajectories a rank trains on as zero-copy
+slices of the frame it received: it never decodes or re-encodes token data. A learner checks each
+forwarded source's signature (listed in the signed shard header, so sources cannot be swapped), each taken
+trajectory's digest, :meth:`Trajectory.validate`, and that the arrays match the summary the driver decided
+on. Headers are msgspec structs, decoded and type-checked in C.
 
 Guarantees:
 
-* **Nothing is pickled.** msgpack is a data-only format (extension types are rejected), and dtype strings
-  from the wire go through an allow-list before numpy ever sees them.
+* **Nothing is pickled.** msgpack is a data-only format (extension types are rejected), and the dtypes
+  are fixed by the layout (:data:`~ragen_async.protocol.TRAJECTORY_ARRAYS`), never read from the wire.
 * **Authenticated.** Every byte a learner trains on is covered by a signature, directly or by a digest
   inside a signed header; frames can be neither altered nor re-split nor dropped.
-* **Fully validated.** :func:`decode` either returns a message whose every field has the declared type (and
-  whose trajectories pass :meth:`Trajectory.validate`, for shards) or raises :class:`CodecError` whose
-  ``reason`` is one of :data:`REJECT_REASONS` (receivers count rejects by reason and keep running).
-* **Zero-copy.** :func:`encode` returns ``memoryview``\\ s of the message's own arrays (or, forwarding, the
-  received frames); :func:`decode` wraps the received buffers with ``np.frombuffer`` and marks the arrays
-  read-only. A sender must not mutate the arrays of a message it has handed to a zero-copy transport.
+* **Validated where it is read.** :func:`decode` either returns a message whose every field has the
+  declared type (for groups: finite rewards, a well-formed version summary, digests and sizes that hold;
+  for shards, also trajectories that pass :meth:`Trajectory.validate` and match their summary) or raises
+  :class:`CodecError` whose ``reason`` is one of :data:`REJECT_REASONS` (receivers count rejects by reason
+  and keep running).
+* **Zero-copy on receipt.** :func:`decode` and forwarding use views of the received buffers, and the
+  arrays it returns are read-only. :func:`encode` copies each trajectory's arrays once, into the data frame.
 
 Checks run from cheapest and secret-free to most expensive: frame count and total size, header parse,
-version, frame count against the header, signature, then the body.
+version, signature, frame count against the header, then the body.
 """
 
 from __future__ import annotations
