@@ -16,7 +16,7 @@ On the Ray path the driver never holds a :class:`Trajectory`: it receives a :cla
 (count, versions), with the per-token arrays left as the received wire frames. The buffer, the metrics and
 provenance read the same names from both kinds; the learner receives real trajectories.
 
-This module is pure data: no ray, zmq, vllm or torch imports (numpy only).
+This module is pure data: no ray, zmq, vllm or torch imports (numpy and msgspec only).
 """
 
 from __future__ import annotations
@@ -155,7 +155,10 @@ class Trajectory(_EpisodeFacts):
         sampled = self.token_versions[self.loss_mask.astype(bool)]
         if not sampled.size:
             return ()
-        low = int(sampled.min())
+        low, high = int(sampled.min()), int(sampled.max())
+        if high - low > 4 * sampled.size:  # versions far apart: no bincount over the whole range
+            versions, counts = np.unique(sampled, return_counts=True)
+            return tuple(zip(versions.tolist(), counts.tolist(), strict=True))
         counts = np.bincount(sampled - low)
         present = np.flatnonzero(counts)
         return tuple(zip((present + low).tolist(), counts[present].tolist(), strict=True))

@@ -353,3 +353,41 @@ def test_admission_and_buffer_bound_staleness_with_random_speeds(k):
     assert ctrl.groups_consumed == steps * B
     if k > 0:  # these seeds do overtake the slow slot: the drop path was exercised
         assert buf.dropped_total > 0
+
+
+@pytest.mark.parametrize("fixed_lag", [False, True])
+def test_ready_kept_up_to_date_between_scans_agrees_with_a_full_recount(fixed_lag):
+    """``ready`` scans once per version and counts arrivals in between; after every operation of a random
+    run its answer must equal a recount from scratch, and the scan must really be skipped."""
+    rng = np.random.default_rng(3)
+    buf = plain_buffer(groups_per_step=3, max_staleness=2, fixed_lag=fixed_lag)
+    scans = 0
+    violation = buf._violation
+
+    def counting(index, oldest, v, consuming):
+        nonlocal scans
+        scans += 1
+        return violation(index, oldest, v, consuming)
+
+    buf._violation = counting
+    version, index, checks, taken = 0, 0, 0, 0
+    for _ in range(300):
+        op = rng.random()
+        if op < 0.6:  # a group played at a version up to 3 behind
+            buf.add(make_group(index, version=max(0, version - int(rng.integers(0, 4)))), version, 0.0)
+            index += 1
+        elif op < 0.8:
+            version += 1
+        answer = buf.ready(version)
+        before = scans
+        recount = sum(violation(i, o, version, True) is None for i, o in buf._oldest.items())
+        scans = before
+        assert answer == (recount >= 3)
+        checks += 1
+        if answer and rng.random() < 0.5:
+            buf.next_batch(version, step=version, now=0.0)
+            taken += 1
+    scans_before = scans
+    for _ in range(50):  # asking again at the same version costs no scan
+        buf.ready(version)
+    assert scans == scans_before and taken > 10 and checks == 300
