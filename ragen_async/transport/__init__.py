@@ -1,9 +1,10 @@
 """Data plane: signed, zero-copy delivery of trajectory groups and batch shards.
 
-``codec`` turns protocol messages into ``[signature, header, *array_frames]`` and back; ``base`` defines
-the ``MessageSender`` / ``MessageReceiver`` seam; ``zmq_transport`` (PUSH → PULL over TCP/IPC) and
-``inproc`` (a bounded queue, for single-process runs and tests) implement it. Build endpoints through
-:func:`make_sender` / :func:`make_receiver` so the kind is a config value.
+``codec`` turns protocol messages into ``[signature, header, *frames]`` and back (the driver reads group
+headers only and forwards the bytes); ``base`` defines the ``MessageSender`` / ``MessageReceiver`` seam;
+``zmq_transport`` (PUSH → PULL over TCP/IPC) and ``inproc`` (a bounded queue, for single-process runs and
+tests) implement it. Build endpoints through :func:`make_sender` / :func:`make_receiver` so the kind is a
+config value.
 """
 
 from __future__ import annotations
