@@ -378,8 +378,9 @@ def encode(msg: Message, secret: bytes) -> list[Frame]:
     """Serialise ``msg`` into ``[signature, header, *frames]``.
 
     A :class:`BatchShard` may hold real trajectories (encoded here) or, on the driver, the
-    :class:`TrajectoryMeta` of received ones, whose frames are forwarded as they came. Array frames are
-    zero-copy views: do not mutate those arrays until the send has completed.
+    :class:`TrajectoryMeta` of received ones, whose bytes are forwarded as zero-copy views of the received
+    frames: keep those frames alive and unchanged until the send has completed. Real trajectories' arrays
+    are copied once, into the message's data frame.
 
     Raises:
         CodecError: a field has the wrong type or dtype (reason ``wrong_type``), a trajectory fails
