@@ -198,7 +198,7 @@ class TrajectoryMeta(msgspec.Struct, _EpisodeFacts, frozen=True):
     """A received trajectory as the driver holds it: the scalar facts, the token summary the producer
     signed, and the per-token arrays still as the wire frames (forwarded to a learner untouched).
 
-    The array properties are zero-copy views made on demand (episode logging); nothing on the driver's
+    Its arrays are zero-copy views made on demand (``token_ids``, ``materialize``); nothing on the driver's
     hot path reads them. A msgspec struct only because it is built for every received trajectory and a
     struct is built several times faster than a frozen dataclass; it never goes on the wire itself.
     """
@@ -238,19 +238,8 @@ class TrajectoryMeta(msgspec.Struct, _EpisodeFacts, frozen=True):
 
     @property
     def token_ids(self) -> np.ndarray:
-        return token_arrays(self.frame, self.num_tokens)["token_ids"]
-
-    @property
-    def loss_mask(self) -> np.ndarray:
-        return token_arrays(self.frame, self.num_tokens)["loss_mask"]
-
-    @property
-    def behaviour_logprobs(self) -> np.ndarray:
-        return token_arrays(self.frame, self.num_tokens)["behaviour_logprobs"]
-
-    @property
-    def token_versions(self) -> np.ndarray:
-        return token_arrays(self.frame, self.num_tokens)["token_versions"]
+        """A zero-copy view of the token ids (episode logging); :meth:`materialize` gives all four arrays."""
+        return np.frombuffer(self.frame, dtype=TRAJECTORY_ARRAYS["token_ids"], count=self.num_tokens)  # type: ignore[call-overload]
 
     def materialize(self) -> Trajectory:
         """The trajectory itself, its arrays zero-copy views of the frames (episode logging, tests)."""

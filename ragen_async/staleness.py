@@ -35,7 +35,6 @@ __all__ = [
     "format_group_id",
     "group_staleness",
     "parse_group_id",
-    "token_staleness",
     "trajectory_staleness",
 ]
 
@@ -264,12 +263,6 @@ class AdaptiveBound:
 
 # --------------------------------------------------------------------------------------------------
 # Staleness of tokens, trajectories and groups
-
-
-def token_staleness(token_versions: np.ndarray, loss_mask: np.ndarray, learner_version: int) -> np.ndarray:
-    """int64 staleness ``learner_version − version`` of every sampled token (``loss_mask == 1``), in order."""
-    sampled = np.asarray(token_versions)[np.asarray(loss_mask).astype(bool)]
-    return learner_version - sampled.astype(np.int64)
 
 
 def staleness_of(oldest_versions: Sequence[int], learner_version: int) -> int:

@@ -263,21 +263,25 @@ def learner_layout(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, tor
     return list(zip([n for n, _ in named], flat_layout([t for _, t in named]), strict=True))
 
 
-def _weights_receiver(address: str, port: int, manifest, total_bytes: int, repeats: int) -> None:  # noqa: ANN001
+def _weights_receiver(address: str, port: int, manifest, total_bytes: int, repeats: int, tickets) -> None:  # noqa: ANN001
     import datetime as dt
 
     import torch
 
-    from ragen_async.weight_sync.gloo import broadcast, open_group, receive_weights
+    from ragen_async.weight_sync.gloo import ReceiveBuffers, broadcast, open_group, receive_weights
 
     pg = open_group(address, port, 2, 1, 120.0)
-    buffers: list[torch.Tensor] = []  # reused between syncs, as the vLLM worker extension does
+    buffers = ReceiveBuffers()  # reused between syncs, as the vLLM worker extension does
     raw = torch.empty(total_bytes, dtype=torch.uint8)
+    ticket = tickets.get(timeout=120)
     for r in range(repeats + 1):  # in the publisher's order: project, raw, project, raw, ...
-        receive_weights(pg, manifest, r, 120.0, "bench receiver", buffers=buffers)
+        receive_weights(pg, manifest, r, 120.0, "bench receiver", buffers=buffers, bucket_bytes=ticket["bucket_bytes"])
         pg.barrier().wait(dt.timedelta(seconds=120))
         broadcast(pg, raw, 120.0, "bench receiver: raw")
         pg.barrier().wait(dt.timedelta(seconds=120))
+        if r < repeats:  # the next version's ticket, in hand before the next sync starts (untimed)
+            ticket = tickets.get(timeout=120)
+            pg.barrier().wait(dt.timedelta(seconds=120))
 
 
 @dataclass(frozen=True)
@@ -300,8 +304,9 @@ def bench_weights_one(name: str, named: list, repeats: int = 5) -> WeightsRow:
     pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=120)
     manifest = pub.manifest(named)
     ctx = mp.get_context("spawn")
-    proc = ctx.Process(target=_weights_receiver, args=(pub.master_address, pub.master_port, manifest, total, repeats),
-                       daemon=True)
+    tickets = ctx.Queue()  # as the driver hands every receiver the ticket before the publish
+    proc = ctx.Process(target=_weights_receiver,
+                       args=(pub.master_address, pub.master_port, manifest, total, repeats, tickets), daemon=True)
     proc.start()
     pub.connect()
     pg = pub._pg
@@ -314,9 +319,13 @@ def bench_weights_one(name: str, named: list, repeats: int = 5) -> WeightsRow:
 
     flat = torch.zeros(total, dtype=torch.uint8)
     project, raw = [], []
+    tickets.put(pub.ticket(named, 0))
     for r in range(repeats + 1):  # alternating, so drift on a shared machine hits both paths alike
         project.append(timed(lambda r=r: pub.publish(named, version=r)))
         raw.append(timed(lambda: broadcast(pg, flat, 120.0, "bench: raw")))
+        if r < repeats:  # the driver hands every receiver the next ticket before the sync
+            tickets.put(pub.ticket(named, r + 1))
+            pg.barrier().wait(dt.timedelta(seconds=120))
     project, raw = project[1:], raw[1:]  # the first round allocates the receive buffers: not timed
     proc.join(60)
     pub.close()

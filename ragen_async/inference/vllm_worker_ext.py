@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ragen_async.weight_sync.base import WeightSyncError, dtype_from_name
-from ragen_async.weight_sync.gloo import group_name, open_group, receive_weights
+from ragen_async.weight_sync.gloo import ReceiveBuffers, group_name, open_group, receive_weights
 
 
 def _shared_parameters(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Module, str]]:
@@ -63,7 +63,7 @@ class WeightSyncWorkerExtension:
     _ragen_timeout_s: float = 60.0
     _ragen_version: int | None = None
     _ragen_my_rank: int = -1
-    _ragen_buffers: list[torch.Tensor] | None = None
+    _ragen_buffers: ReceiveBuffers | None = None
     """Receive buffers kept between broadcasts (each worker's own list, made on first use)."""
 
     # ---- loading ----------------------------------------------------------------------------
@@ -107,8 +107,9 @@ class WeightSyncWorkerExtension:
         self._ragen_my_rank = my_rank
         return my_rank
 
-    def receive_broadcast(self, manifest: Sequence[Sequence[Any]], version: int) -> dict:
-        """Receive one version broadcast by the publisher (see ``weight_sync.gloo``) and load it."""
+    def receive_broadcast(self, manifest: Sequence[Sequence[Any]], version: int, bucket_bytes: int | None = None) -> dict:
+        """Receive one version broadcast by the publisher (see ``weight_sync.gloo``) and load it;
+        ``bucket_bytes`` is the plan the ticket announced (``None``: read it from the header first)."""
         if self._ragen_pg is None:
             raise WeightSyncError("receive_broadcast: no weight group; call init_weight_group first")
         where = (f"weight broadcast from learner rank 0 at {self._ragen_group} "
@@ -116,9 +117,9 @@ class WeightSyncWorkerExtension:
         t0 = time.perf_counter()
         try:
             if self._ragen_buffers is None:
-                self._ragen_buffers = []
+                self._ragen_buffers = ReceiveBuffers()
             named = receive_weights(self._ragen_pg, manifest, int(version), self._ragen_timeout_s,
-                                    where, buffers=self._ragen_buffers)
+                                    where, buffers=self._ragen_buffers, bucket_bytes=bucket_bytes)
         except WeightSyncError:
             self.close_weight_group()  # the group is unusable after a failed collective
             raise
@@ -126,7 +127,7 @@ class WeightSyncWorkerExtension:
         stats = self._ragen_reload(named, version)
         # The receive buffers are reused by the next sync, which is only safe if the model copied the
         # weights out of them; if any parameter still points into them, the next sync gets new ones.
-        stats["buffers_reused"] = not _aliases(self.model_runner.get_model(), self._ragen_buffers)
+        stats["buffers_reused"] = not _aliases(self.model_runner.get_model(), self._ragen_buffers.raws)
         if not stats["buffers_reused"]:
             self._ragen_buffers = None
         stats["recv_s"] = recv_s

@@ -57,14 +57,22 @@ def make_manifest(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Manifest
     return [(name, dtype_name(t.dtype), list(t.shape)) for name, t in named_tensors]
 
 
-def _key(manifest: Sequence[ManifestEntry]) -> tuple:
-    """A hashable form of a manifest: a sync repeats the same one, so its checksum and plan are cached."""
-    return tuple((n, d, tuple(s)) for n, d, s in manifest)
+def manifest_key(manifest: Sequence[ManifestEntry]) -> tuple:
+    """A hashable form of a manifest: a sync repeats the same one, so its checksum and plan are cached.
+    One sync asks for the same manifest object's key several times; the last one is remembered."""
+    if manifest is _last_key[0]:
+        return _last_key[1]
+    key = tuple((n, d, tuple(s)) for n, d, s in manifest)
+    _last_key[:] = [manifest, key]
+    return key
+
+
+_last_key: list = [None, None]
 
 
 def manifest_crc(manifest: Sequence[ManifestEntry]) -> int:
     """A checksum of the manifest, so both sides can confirm they planned the same transfer."""
-    return _crc(_key(manifest))
+    return _crc(manifest_key(manifest))
 
 
 @functools.lru_cache(maxsize=16)
@@ -94,7 +102,7 @@ def plan_buckets(manifest: Sequence[ManifestEntry], bucket_bytes: int = DEFAULT_
     """Group the manifest into per-dtype buffers of at most ``bucket_bytes`` (deterministic: both
     sides compute the same plan from the same manifest). Buckets are emitted when they fill, then
     the partly filled ones in order of their dtype's first appearance."""
-    return list(_plan(_key(manifest), int(bucket_bytes)))
+    return list(_plan(manifest_key(manifest), int(bucket_bytes)))
 
 
 @functools.lru_cache(maxsize=16)

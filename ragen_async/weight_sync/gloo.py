@@ -6,13 +6,18 @@ the learner's default group nor vLLM's, so it cannot interfere with either.
 
 Protocol of one sync (both sides derive everything from the same manifest)::
 
-    driver:       ticket = publisher.ticket(named_tensors, v)  # {"version", "manifest"}
+    driver:       ticket = publisher.ticket(named_tensors, v)  # {"version", "manifest", "bucket_bytes"}
     concurrently: publisher.publish(named_tensors, v)          # learner rank 0
                   receiver.receive(ticket)                     # next to every engine
     wire:         header (int64[6]: magic, version, #tensors, bucket bytes, manifest crc, #buckets)
                   then one broadcast per buffer (per dtype, <= bucket bytes, as raw bytes): the
                   learner's flat parameter buffers as they are (bucket bytes unbounded), or the
                   tensors packed into buckets when they are not laid out that way
+
+The ticket announces the bucket size the publisher used last (``None`` before its first publish), and
+the publish of that version follows it. With the plan known in advance a receiver posts the header's
+and every buffer's receive at once and checks the header when it arrives, so the header costs no round
+of its own; without one (the first sync) it reads the header first and plans from it.
 
 Every collective has a timeout; a timeout or a dead peer raises :class:`WeightSyncError` /
 :class:`WeightSyncTimeout` naming the group. After an error the group is unusable: close it and
@@ -26,6 +31,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -47,6 +53,7 @@ from ragen_async.weight_sync.base import (
     dtype_from_name,
     make_header,
     make_manifest,
+    manifest_key,
     pack_bucket,
     plan_buckets,
     unpack_bucket,
@@ -113,30 +120,57 @@ def wait(work: Any, timeout_s: float, what: str) -> None:
         raise _wrap(err, what, timeout_s) from err
 
 
+@dataclass
+class ReceiveBuffers:
+    """What a receiver keeps between syncs: its receive buffers and the named views into them. A sync with
+    the same plan reuses both (no model's worth of fresh memory, no re-slicing); the views returned by a
+    receive are then only valid until the next one."""
+
+    raws: list[torch.Tensor] = field(default_factory=list)
+    named: list[tuple[str, torch.Tensor]] = field(default_factory=list)
+    plan: tuple = ()
+    """(manifest key, bucket size) the buffers and views were made for."""
+
+    def prepare(self, manifest: Sequence[ManifestEntry], bucket_bytes: int) -> None:
+        plan = (manifest_key(manifest), bucket_bytes)
+        if plan == self.plan:
+            return
+        buckets = plan_buckets(manifest, bucket_bytes)
+        self.raws = [torch.empty(bucket_nbytes(b), dtype=torch.uint8) for b in buckets]
+        named: list[Any] = [None] * len(manifest)
+        for bucket, raw in zip(buckets, self.raws, strict=True):
+            for j, item in zip(bucket.indices, unpack_bucket(bucket, raw, manifest), strict=True):
+                named[j] = item
+        self.named, self.plan = named, plan
+
+
 def receive_weights(pg: Any, manifest: Sequence[ManifestEntry], version: int, timeout_s: float,
-                    where: str, buffers: list[torch.Tensor] | None = None) -> list[tuple[str, torch.Tensor]]:
+                    where: str, buffers: ReceiveBuffers | None = None,
+                    bucket_bytes: int | None = None) -> list[tuple[str, torch.Tensor]]:
     """Receiver side of one sync: header, then the packed buffers; returns ``(name, tensor)`` in
-    manifest order (views into the received buffers). With ``buffers`` (a list the caller keeps between
-    syncs) the receive buffers are reused instead of allocated afresh, which saves touching a model's
-    worth of new memory per sync; the returned views are then only valid until the next receive."""
-    manifest = [(str(n), str(d), [int(x) for x in s]) for n, d, s in manifest]
+    manifest order (views into the received buffers), reusing ``buffers`` (kept by the caller between
+    syncs) when given. ``bucket_bytes`` is the ticket's announced plan: the header's and the buffers'
+    receives are then started together, and the header checked when it has arrived."""
+    buffers = ReceiveBuffers() if buffers is None else buffers
     header = torch.zeros(HEADER_LEN, dtype=torch.int64)
-    broadcast(pg, header, timeout_s, f"{where}: header of version {version}")
-    bucket_bytes = check_header(header, manifest, version, where)
-    named: list[Any] = [None] * len(manifest)
-    for i, bucket in enumerate(plan_buckets(manifest, bucket_bytes)):
-        nbytes = bucket_nbytes(bucket)
-        if buffers is not None and i < len(buffers) and buffers[i].numel() == nbytes:
-            raw = buffers[i]
-        else:
-            raw = torch.empty(nbytes, dtype=torch.uint8)
-            if buffers is not None:
-                del buffers[i:]
-                buffers.append(raw)
-        broadcast(pg, raw, timeout_s, f"{where}: buffer {i} of version {version}")
-        for j, item in zip(bucket.indices, unpack_bucket(bucket, raw, manifest), strict=True):
-            named[j] = item
-    return named
+    header_what = f"{where}: header of version {version}"
+    header_work = start_broadcast(pg, header, timeout_s, header_what)
+    if bucket_bytes is None:
+        wait(header_work, timeout_s, header_what)
+        header_work, bucket_bytes = None, check_header(header, manifest, version, where)
+    buffers.prepare(manifest, bucket_bytes)
+    works = []
+    for i, raw in enumerate(buffers.raws):
+        what = f"{where}: buffer {i} of version {version}"
+        works.append((start_broadcast(pg, raw, timeout_s, what), what))
+    if header_work is not None:
+        wait(header_work, timeout_s, header_what)
+        if check_header(header, manifest, version, where) != bucket_bytes:
+            raise WeightSyncError(f"{where}: the publisher sends buckets of {int(header[3])} bytes but the "
+                                  f"ticket announced {bucket_bytes}; the ticket came from another publisher")
+    for work, what in works:
+        wait(work, timeout_s, what)
+    return list(buffers.named)
 
 
 class GlooBroadcastPublisher(WeightPublisher):
@@ -165,6 +199,10 @@ class GlooBroadcastPublisher(WeightPublisher):
         self._plan: list[Bucket] | None = None
         self._buffers: list[torch.Tensor | None] = []
         """Packed buffers of the last publish, reused by the next one with the same plan."""
+        self._last_bucket_bytes: int | None = None
+        """The bucket size of the last publish: what the next ticket announces."""
+        self._announced: dict[int, tuple[int | None, Manifest]] = {}
+        """Version -> the bucket size and manifest its ticket announced (``publish`` follows them)."""
         self.last_publish_s: float | None = None
 
     @property
@@ -192,10 +230,13 @@ class GlooBroadcastPublisher(WeightPublisher):
                 "rank": i + 1}
 
     def ticket(self, named_tensors: Sequence[tuple[str, torch.Tensor]], version: int) -> Ticket:
-        return {"version": int(version), "manifest": make_manifest(named_tensors)}
+        manifest = make_manifest(named_tensors)
+        self._announced = {int(version): (self._last_bucket_bytes, manifest)}
+        return {"version": int(version), "manifest": manifest, "bucket_bytes": self._last_bucket_bytes}
 
+    @torch.no_grad()  # the tensors may be parameters: packing them must not record autograd history
     def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        named = [(n, t.detach().to("cpu")) for n, t in named_tensors]
+        named = [(n, t if t.is_cpu else t.to("cpu")) for n, t in named_tensors]
         manifest = make_manifest(named)
         self.connect()
         where = (f"weight broadcast from learner rank 0 at {self.name} to "
@@ -204,20 +245,28 @@ class GlooBroadcastPublisher(WeightPublisher):
         tensors = [t for _, t in named]
         # Tensors that lie in one flat buffer per dtype (the learner's layout) go as one broadcast per
         # dtype, sent in place; others are packed into buckets of at most bucket_bytes. The header
-        # tells the receivers which plan to follow.
-        bucket_bytes = UNBOUNDED_BUCKET
-        plan = plan_buckets(manifest, bucket_bytes)
+        # tells the receivers which plan to follow, unless this version's ticket announced one: then
+        # that one is followed (packing into one bucket per dtype if need be).
+        plan = plan_buckets(manifest, UNBOUNDED_BUCKET)
         in_place = [adjacent_bytes([tensors[i] for i in b.indices], dtype_from_name(b.dtype)) for b in plan]
-        if any(view is None for view in in_place):
-            bucket_bytes = self.bucket_bytes
+        natural = UNBOUNDED_BUCKET if all(view is not None for view in in_place) else self.bucket_bytes
+        announced, announced_manifest = self._announced.pop(int(version), (None, manifest))
+        if announced is not None and announced_manifest != manifest:
+            # Receivers that know the plan post buffers of the announced sizes before they read the header;
+            # gloo aborts the process on a size mismatch, so nothing may be sent that differs from it.
+            raise WeightSyncError(f"{where}: the tensors of version {version} do not match the manifest its "
+                                  "ticket announced; nothing was sent")
+        bucket_bytes = natural if announced is None else announced
+        if bucket_bytes != natural or natural != UNBOUNDED_BUCKET:
             plan = plan_buckets(manifest, bucket_bytes)
             if self._plan != plan:
                 self._plan, self._buffers = plan, [None] * len(plan)
-        broadcast(self._pg, make_header(manifest, version, bucket_bytes), self.timeout_s,
-                  f"{where}: header of version {version}")
-        in_flight: tuple[Any, str] | None = None
+        header_what = f"{where}: header of version {version}"
+        header_work = start_broadcast(self._pg, make_header(manifest, version, bucket_bytes), self.timeout_s,
+                                      header_what)
+        in_flight: tuple[Any, str] | None = (header_work, header_what)
         for i, bucket in enumerate(plan):
-            if bucket_bytes == UNBOUNDED_BUCKET:
+            if bucket_bytes == natural == UNBOUNDED_BUCKET:
                 buf = in_place[i]
             else:  # pack the next buffer while the previous one is on the wire; buffers are kept for reuse
                 buf = self._buffers[i] = pack_bucket(bucket, tensors, out=self._buffers[i])
@@ -228,6 +277,7 @@ class GlooBroadcastPublisher(WeightPublisher):
             in_flight = (work, what)
         if in_flight is not None:
             wait(in_flight[0], self.timeout_s, in_flight[1])
+        self._last_bucket_bytes = natural
         self.last_publish_s = time.perf_counter() - t0
 
     def close(self) -> None:
@@ -251,7 +301,7 @@ class GlooReceiver(WeightReceiver):
         version = int(ticket["version"])
         manifest = [(str(n), str(d), [int(x) for x in s]) for n, d, s in ticket["manifest"]]
         async with self.engine.updating(version):
-            stats = await self.engine.worker_rpc("receive_broadcast", manifest, version,
+            stats = await self.engine.worker_rpc("receive_broadcast", manifest, version, ticket.get("bucket_bytes"),
                                                  what=f"receiving version {version}")
         return stats[0]
 
@@ -282,7 +332,7 @@ class LocalGlooReceiver(WeightReceiver):
         t0 = time.perf_counter()
         try:
             named = await asyncio.to_thread(receive_weights, self._pg, ticket["manifest"], version,
-                                            self.timeout_s, self._where)
+                                            self.timeout_s, self._where, None, ticket.get("bucket_bytes"))
         except WeightSyncError:
             self._pg = None  # the group is unusable after a failed collective
             raise

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ragen_async.weight_sync import GlooBroadcastPublisher, WeightSyncError, WeightSyncTimeout
-from ragen_async.weight_sync.gloo import open_group, receive_weights
+from ragen_async.weight_sync.gloo import UNBOUNDED_BUCKET, open_group, receive_weights
 
 
 def named_state():
@@ -19,10 +19,13 @@ def named_state():
 
 
 class Receiver(threading.Thread):
-    def __init__(self, pub, rank, manifest=None, version=None, timeout_s=10.0):
+    def __init__(self, pub, rank, manifest=None, version=None, timeout_s=10.0, versions=None, plans=None):
         super().__init__(daemon=True)
         self.args = (pub.master_address, pub.master_port, pub.world_size, rank, timeout_s)
-        self.manifest, self.version, self.timeout_s = manifest, version, timeout_s
+        self.manifest, self.timeout_s = manifest, timeout_s
+        self.versions = [version] if versions is None else versions
+        self.plans = {} if plans is None else plans
+        """version -> the bucket size its ticket announced (a dict filled in as tickets are made)."""
         self.result = self.error = None
         self.joined = threading.Event()
 
@@ -31,8 +34,11 @@ class Receiver(threading.Thread):
             pg = open_group(*self.args)
             self.joined.set()
             if self.manifest is not None:
-                self.result = receive_weights(pg, self.manifest, self.version, self.timeout_s,
-                                              f"receiver rank {self.args[3]}")
+                for v in self.versions:
+                    while v not in self.plans and len(self.versions) > 1:  # the driver's ticket comes first
+                        time.sleep(0.01)
+                    self.result = receive_weights(pg, self.manifest, v, self.timeout_s,
+                                                  f"receiver rank {self.args[3]}", bucket_bytes=self.plans.get(v))
             else:
                 time.sleep(self.timeout_s + 3)  # joined but never receives
         except Exception as err:  # noqa: BLE001
@@ -143,4 +149,90 @@ def test_flat_tensors_go_in_place_one_broadcast_per_dtype(monkeypatch):
     receiver.join(20)
     assert receiver.error is None and len(sent) == 1 + 3
     assert all(torch.equal(got, t) for (_, t), (_, got) in zip(named, receiver.result, strict=True))
+    pub.close()
+
+
+def _flat(named):
+    from ragen_async.weight_sync.base import flat_layout
+
+    return list(zip([n for n, _ in named], flat_layout([t for _, t in named]), strict=True))
+
+
+def test_the_ticket_announces_the_plan_so_receivers_post_every_receive_before_the_header(monkeypatch):
+    """From the second sync on, the ticket carries the bucket size of the publisher's last publish; the
+    receiver then starts the header's and every buffer's receive before waiting on any (no round trip
+    for the header alone), and checks the header when it has arrived."""
+    import ragen_async.weight_sync.gloo as gloo
+
+    named = _flat(named_state())
+    pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=10)
+    calls = []
+    real_start, real_wait = gloo.start_broadcast, gloo.wait
+
+    def start(pg, t, *a):
+        if threading.current_thread() is not threading.main_thread():
+            calls.append("start")
+        return real_start(pg, t, *a)
+
+    def wait(work, *a):
+        if threading.current_thread() is not threading.main_thread():
+            calls.append("wait")
+        return real_wait(work, *a)
+
+    monkeypatch.setattr(gloo, "start_broadcast", start)
+    monkeypatch.setattr(gloo, "wait", wait)
+    plans = {}
+    receiver = Receiver(pub, 1, pub.manifest(named), versions=[1, 2], plans=plans)
+    receiver.start()
+    ticket = pub.ticket(named, 1)
+    assert ticket["bucket_bytes"] is None  # nothing published yet: the receiver reads the header first
+    plans[1] = ticket["bucket_bytes"]
+    pub.publish(named, version=1)
+    ticket = pub.ticket(named, 2)
+    assert ticket["bucket_bytes"] == UNBOUNDED_BUCKET
+    plans[2] = ticket["bucket_bytes"]
+    pub.publish(named, version=2)
+    receiver.join(20)
+    assert receiver.error is None
+    assert all(torch.equal(got, t) for (_, t), (_, got) in zip(named, receiver.result, strict=True))
+    # version 1: the header's round first, then the float32 and bfloat16 buffers; version 2: all at once
+    assert calls == ["start", "wait", "start", "start", "wait", "wait"] + ["start"] * 3 + ["wait"] * 3
+    pub.close()
+
+
+def test_a_publish_follows_its_ticket_even_when_the_layout_changed_since():
+    """The ticket announced one buffer per dtype (the last publish was flat); the tensors of this version
+    are separate ones: the publisher packs them into one bucket per dtype, as announced."""
+    named = named_state()
+    pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=10, bucket_bytes=64)
+    plans = {}
+    receiver = Receiver(pub, 1, pub.manifest(named), versions=[1, 2, 3], plans=plans)
+    receiver.start()
+    plans[1] = pub.ticket(named, 1)["bucket_bytes"]
+    pub.publish(_flat(named), version=1)
+    plans[2] = pub.ticket(named, 2)["bucket_bytes"]
+    pub.publish(named, version=2)  # announced unbounded, laid out apart
+    plans[3] = pub.ticket(named, 3)["bucket_bytes"]
+    assert (plans[2], plans[3]) == (UNBOUNDED_BUCKET, 64)
+    pub.publish(_flat(named), version=3)  # announced 64-byte buckets, laid out flat
+    receiver.join(20)
+    assert receiver.error is None
+    assert all(torch.equal(got, t) for (_, t), (_, got) in zip(named, receiver.result, strict=True))
+    pub.close()
+
+
+def test_a_publish_that_does_not_match_its_ticket_sends_nothing():
+    """Receivers that know the plan post their buffers before the header arrives (gloo aborts on a size
+    mismatch), so the publisher refuses tensors that differ from the manifest the ticket announced."""
+    named = _flat(named_state())
+    pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=3)
+    plans = {1: None}
+    receiver = Receiver(pub, 1, pub.manifest(named), versions=[1, 2], plans=plans, timeout_s=3)
+    receiver.start()
+    pub.publish(named, version=1)
+    plans[2] = pub.ticket(named, 2)["bucket_bytes"]
+    with pytest.raises(WeightSyncError, match="do not match the manifest its ticket announced; nothing was sent"):
+        pub.publish(named[:2], version=2)
+    receiver.join(15)
+    assert isinstance(receiver.error, WeightSyncTimeout) and "header of version 2" in str(receiver.error)
     pub.close()
