@@ -22,7 +22,7 @@ This module is pure data: no ray, zmq, vllm or torch imports (numpy and msgspec 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
@@ -152,16 +152,7 @@ class Trajectory(_EpisodeFacts):
     @property
     def version_counts(self) -> VersionCounts:
         """How many sampled tokens each policy version produced (see :data:`VersionCounts`)."""
-        sampled = self.token_versions[self.loss_mask.astype(bool)]
-        if not sampled.size:
-            return ()
-        low, high = int(sampled.min()), int(sampled.max())
-        if high - low > 4 * sampled.size:  # versions far apart: no bincount over the whole range
-            versions, counts = np.unique(sampled, return_counts=True)
-            return tuple(zip(versions.tolist(), counts.tolist(), strict=True))
-        counts = np.bincount(sampled - low)
-        present = np.flatnonzero(counts)
-        return tuple(zip((present + low).tolist(), counts[present].tolist(), strict=True))
+        return _version_counts(self.token_versions, self.loss_mask.astype(bool), [self.num_tokens])[0]
 
     @property
     def nbytes(self) -> int:
@@ -170,28 +161,104 @@ class Trajectory(_EpisodeFacts):
 
     def validate(self) -> None:
         """Raise ``ValueError`` if the per-token arrays break the invariants in the module docstring."""
+        self._check_shapes()
+        _check_token_arrays(self.loss_mask, self.token_versions, self.behaviour_logprobs)
+        self._check_rewards()
+
+    def _check_shapes(self) -> None:
         n = self.token_ids.shape[0]
         for name in ("loss_mask", "behaviour_logprobs", "token_versions"):
             arr = getattr(self, name)
             if arr.ndim != 1 or arr.shape[0] != n:
                 raise ValueError(f"{name} has shape {arr.shape}, expected ({n},)")
-        # Few, whole-array numpy calls: this runs on every trajectory at both ends of the wire.
-        if n and np.asarray(self.loss_mask).view(np.uint8).max() > 1:  # int8 -1 reads as 255
-            raise ValueError("loss_mask must be 0/1")
-        mask = self.loss_mask.view(bool) if self.loss_mask.dtype.itemsize == 1 else self.loss_mask.astype(bool)
-        versions = self.token_versions
-        if not np.array_equal(versions >= 0, mask):
-            raise ValueError("every sampled token needs a policy version, and no unsampled token may have one")
-        if n and versions.min() < NO_VERSION:
-            raise ValueError("unsampled tokens must carry NO_VERSION")
-        lp = self.behaviour_logprobs
-        if np.any(np.where(mask, 0, lp)):
-            raise ValueError("behaviour_logprobs must be 0 on unsampled tokens")
-        # NaN compares false with everything, so test finiteness first: one NaN would poison a whole batch.
-        if n and not (np.isfinite(lp).all() and lp.max() <= _LOGPROB_SLACK):
-            raise ValueError("behaviour_logprobs must be finite log-probabilities (<= 0)")
+
+    def _check_rewards(self) -> None:
         if not all(math.isfinite(r) for r in [*(t.reward for t in self.turns), self.format_penalty]):
             raise ValueError("rewards and the format penalty must be finite")
+
+
+def validate_many(trajs: Sequence[Trajectory]) -> list[VersionCounts]:
+    """:meth:`Trajectory.validate` of every one of ``trajs``, and each one's :attr:`~Trajectory.version_counts`,
+    in a few whole-array numpy calls over their concatenated arrays (a group's or a shard's: the codec runs
+    this on every message at both ends of the wire, where per-trajectory calls cost more than the checks).
+    Raises the ``ValueError`` of the first trajectory that fails, as its own ``validate`` would."""
+    for t in trajs:
+        t._check_shapes()
+        t._check_rewards()
+    if not trajs:
+        return []
+    mask, versions, lp = (np.concatenate([getattr(t, name) for t in trajs])
+                          for name in ("loss_mask", "token_versions", "behaviour_logprobs"))
+    try:
+        _check_token_arrays(mask, versions, lp)
+    except ValueError:
+        for t in trajs:
+            t.validate()  # names the same failure for the trajectory it is in
+        raise
+    mask = mask.view(bool) if mask.dtype.itemsize == 1 else mask.astype(bool)
+    return _version_counts(versions, mask, [t.num_tokens for t in trajs])
+
+
+def _check_token_arrays(loss_mask: np.ndarray, versions: np.ndarray, lp: np.ndarray) -> None:
+    """The per-token invariants (module docstring) on 1-D arrays of equal length: one trajectory's, or
+    several trajectories' back to back (every check is per token)."""
+    n = loss_mask.shape[0]
+    if n and np.asarray(loss_mask).view(np.uint8).max() > 1:  # int8 -1 reads as 255
+        raise ValueError("loss_mask must be 0/1")
+    mask = loss_mask.view(bool) if loss_mask.dtype.itemsize == 1 else loss_mask.astype(bool)
+    if not np.array_equal(versions >= 0, mask):
+        raise ValueError("every sampled token needs a policy version, and no unsampled token may have one")
+    if n and versions.min() < NO_VERSION:
+        raise ValueError("unsampled tokens must carry NO_VERSION")
+    if np.greater(lp != 0, mask).any():
+        raise ValueError("behaviour_logprobs must be 0 on unsampled tokens")
+    # NaN compares false with everything, so test finiteness first: one NaN would poison a whole batch.
+    if n and not (np.isfinite(lp).all() and lp.max() <= _LOGPROB_SLACK):
+        raise ValueError("behaviour_logprobs must be finite log-probabilities (<= 0)")
+
+
+def _version_counts(versions: np.ndarray, mask: np.ndarray, lengths: Sequence[int]) -> list[VersionCounts]:
+    """:data:`VersionCounts` of each of the trajectories whose ``versions`` and boolean ``mask`` lie back to
+    back with ``lengths``. Per-trajectory reductions first (most episodes sample with one or a few
+    versions); a trajectory with several is counted on its own."""
+    if not lengths:
+        return []
+    if min(lengths) == 0:  # reduceat needs non-empty segments
+        return [_counts_of(versions[a:b], mask[a:b]) for a, b in _spans(lengths)]
+    starts = np.fromiter(_starts(lengths), np.intp, len(lengths))
+    sampled = np.add.reduceat(mask, starts, dtype=np.int64).tolist()
+    high = np.maximum.reduceat(versions, starts).tolist()  # unsampled tokens are NO_VERSION, below any version
+    low = np.minimum.reduceat(np.where(mask, versions, np.iinfo(versions.dtype).max), starts).tolist()
+    out: list[VersionCounts] = []
+    for (a, b), n, lo, hi in zip(_spans(lengths), sampled, low, high, strict=True):
+        out.append(() if n == 0 else ((lo, n),) if lo == hi else _counts_of(versions[a:b], mask[a:b]))
+    return out
+
+
+def _starts(lengths: Sequence[int]) -> Iterator[int]:
+    at = 0
+    for n in lengths:
+        yield at
+        at += n
+
+
+def _spans(lengths: Sequence[int]) -> Iterator[tuple[int, int]]:
+    for at, n in zip(_starts(lengths), lengths, strict=True):
+        yield at, at + n
+
+
+def _counts_of(versions: np.ndarray, mask: np.ndarray) -> VersionCounts:
+    """:data:`VersionCounts` of one trajectory."""
+    sampled = versions[mask]
+    if not sampled.size:
+        return ()
+    low, high = int(sampled.min()), int(sampled.max())
+    if high - low > 4 * sampled.size:  # versions far apart: no bincount over the whole range
+        found, counts = np.unique(sampled, return_counts=True)
+        return tuple(zip(found.tolist(), counts.tolist(), strict=True))
+    counts = np.bincount(sampled - low)
+    present = np.flatnonzero(counts)
+    return tuple(zip((present + low).tolist(), counts[present].tolist(), strict=True))
 
 
 class TrajectoryMeta(msgspec.Struct, _EpisodeFacts, frozen=True):

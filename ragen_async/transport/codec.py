@@ -71,6 +71,7 @@ from ragen_async.protocol import (
     TrajectoryMeta,
     TurnRecord,
     token_arrays,
+    validate_many,
 )
 
 __all__ = [
@@ -294,33 +295,37 @@ def _array(name: str, value: Any) -> np.ndarray:
     return np.ascontiguousarray(value)  # no copy when already contiguous (the normal case)
 
 
-def _encode_trajectory(traj: Trajectory, offset: int) -> tuple[_TrajectoryWire, bytes]:
-    """The trajectory's header entry and its arrays back to back (widest first), to be placed at ``offset``."""
-    if not isinstance(traj, Trajectory):
-        raise CodecError("wrong_type", f"expected a Trajectory, got {type(traj).__name__}")
-    arrays = [_array(name, getattr(traj, name)) for name in _TRAJ_ARRAYS]
-    try:
-        traj.validate()  # fail at the producer, where the bug is, rather than at the consumer
-    except (ValueError, TypeError) as exc:
-        raise CodecError("malformed", f"trajectory {traj.traj_id!r}: {exc}") from exc
-    data = b"".join(arrays)
-    wire = _TrajectoryWire(**{name: getattr(traj, name) for name in _TRAJ_SCALARS}, turns=tuple(traj.turns),
-                           versions=list(traj.version_counts), num_tokens=traj.num_tokens, offset=offset,
-                           digest=_digest(data))
-    return wire, data
-
-
 def _encode_trajectories(trajs: Sequence[Trajectory]) -> tuple[list[_TrajectoryWire], bytes]:
-    """Header entries of ``trajs`` and the one data frame holding all their arrays, in order."""
+    """Header entries of ``trajs`` and the one data frame holding all their arrays (each trajectory's
+    back to back, widest first), in order. Validated together (:func:`validate_many`), copied once."""
     if not trajs:
         raise CodecError("malformed", "a message must carry at least one trajectory")
-    wires, parts, offset = [], [], 0
     for traj in trajs:
-        wire, data = _encode_trajectory(traj, offset)
-        wires.append(wire)
-        parts.append(data)
-        offset += len(data)
-    return wires, b"".join(parts)
+        if not isinstance(traj, Trajectory):
+            raise CodecError("wrong_type", f"expected a Trajectory, got {type(traj).__name__}")
+    arrays = [_array(name, getattr(traj, name)) for traj in trajs for name in _TRAJ_ARRAYS]
+    try:
+        counts = validate_many(trajs)  # fail at the producer, where the bug is, rather than at the consumer
+    except (ValueError, TypeError) as exc:
+        bad = next((t.traj_id for t in trajs if not _valid(t)), "?")
+        raise CodecError("malformed", f"trajectory {bad!r}: {exc}") from exc
+    data = b"".join(arrays)
+    view, wires, offset = memoryview(data), [], 0
+    for traj, versions in zip(trajs, counts, strict=True):
+        end = offset + traj.num_tokens * TOKEN_FRAME_BYTES
+        wires.append(_TrajectoryWire(**{name: getattr(traj, name) for name in _TRAJ_SCALARS}, turns=tuple(traj.turns),
+                                     versions=list(versions), num_tokens=traj.num_tokens, offset=offset,
+                                     digest=_digest(view[offset:end])))
+        offset = end
+    return wires, data
+
+
+def _valid(traj: Trajectory) -> bool:
+    try:
+        traj.validate()
+    except (ValueError, TypeError):
+        return False
+    return True
 
 
 def _signed(kind: str, body: msgspec.Struct, frames: list[Frame], secret: bytes) -> list[Frame]:
@@ -447,14 +452,21 @@ class _TrajectoryDecoder:
         return {name: getattr(self.wire, name) for name in _TRAJ_SCALARS}
 
     def trajectory(self, frame: memoryview) -> Trajectory:
-        traj = Trajectory(**self.scalars(), **token_arrays(frame, self.wire.num_tokens), turns=self.wire.turns)
-        try:
-            traj.validate()
-        except ValueError as exc:
-            raise CodecError("malformed", f"{self.where}: {exc}") from exc
-        if traj.version_counts != tuple(self.wire.versions):
-            raise CodecError("malformed", f"{self.where}: token versions do not match the signed summary")
-        return traj
+        """The trajectory on its frame, not yet validated (:func:`_validated` does a shard's at once)."""
+        return Trajectory(**self.scalars(), **token_arrays(frame, self.wire.num_tokens), turns=self.wire.turns)
+
+
+def _validated(decoders: Sequence[_TrajectoryDecoder], trajs: Sequence[Trajectory]) -> None:
+    """Every trajectory passes :meth:`Trajectory.validate` and its arrays hold the version summary that was
+    signed (what the driver decided on); one :func:`validate_many` over them all."""
+    try:
+        counts = validate_many(trajs)
+    except ValueError as exc:
+        where = next((d.where for d, t in zip(decoders, trajs, strict=True) if not _valid(t)), "a trajectory")
+        raise CodecError("malformed", f"{where}: {exc}") from exc
+    for dec, versions in zip(decoders, counts, strict=True):
+        if versions != tuple(dec.wire.versions):
+            raise CodecError("malformed", f"{dec.where}: token versions do not match the signed summary")
 
 
 def _open(signature: memoryview, header: memoryview, secret: bytes, kinds: Sequence[str]) -> tuple[str, int, Any]:
@@ -533,7 +545,7 @@ def _decode_group(views: list[memoryview], body: _GroupBody) -> GroupMeta:
 
 def _decode_shard(views: list[memoryview], body: _ShardBody, secret: bytes) -> BatchShard:
     """A learner's shard: every source verified, every taken trajectory rebuilt and validated."""
-    frames, pos, trajs = views[2:], 0, []
+    frames, pos, trajs, decoders = views[2:], 0, [], []
     if not body.sources:
         raise CodecError("malformed", "a message must carry at least one trajectory")
     for s, source in enumerate(body.sources):
@@ -551,9 +563,11 @@ def _decode_shard(views: list[memoryview], body: _ShardBody, secret: bytes) -> B
             dec = _TrajectoryDecoder(f"sources[{s}].trajectories[{p}]", src.trajectories[p])
             dec.check_frame(frames[pos])
             trajs.append(dec.trajectory(frames[pos]))
+            decoders.append(dec)
             pos += 1
     if pos != len(frames):
         raise CodecError("malformed", f"{len(frames) - pos} frame(s) after the last source")
+    _validated(decoders, trajs)
     n = len(trajs)
     if any(len(x) != n or not all(math.isfinite(v) for v in x) for x in (body.scores, body.normalized_scores)):
         raise CodecError("malformed", f"shard scores must be {n} finite floats")

@@ -404,3 +404,72 @@ def test_receiver_counts_every_reject_and_keeps_receiving(msgs, secret):
     assert metrics["transport/received"] == 2.0 and "transport/rejected/bad_signature" in metrics
     sender.close()
     receiver.close()
+
+
+# ----------------------------------------------------------------------------------------------------
+# validate_many: what the codec runs on a whole group or shard at once
+
+
+def _brute_counts(traj) -> tuple:
+    sampled = traj.token_versions[traj.loss_mask.astype(bool)]
+    found, counts = np.unique(sampled, return_counts=True)
+    return tuple(zip(found.tolist(), counts.tolist(), strict=True))
+
+
+def _with(traj, **arrays):
+    return dataclasses.replace(traj, **arrays)
+
+
+def test_validate_many_counts_versions_as_each_trajectory_alone():
+    from tests.transport.conftest import make_trajectory
+
+    from ragen_async.protocol import NO_VERSION, validate_many
+
+    rng = np.random.default_rng(5)
+    trajs = [make_trajectory(rng, "g", i, num_turns=int(rng.integers(1, 6))) for i in range(40)]
+    assert sum(len(_brute_counts(t)) > 1 for t in trajs) >= 5  # several versions in one episode occur
+    far = trajs[3].token_versions.copy()
+    far[far >= 0] = np.where(np.arange((far >= 0).sum()) % 2, 7, 90_000)  # far apart: the unique path
+    none = np.full(4, NO_VERSION, np.int32)  # nothing sampled
+    trajs += [_with(trajs[3], token_versions=far),
+              _with(trajs[0], token_ids=np.zeros(4, np.int32), loss_mask=np.zeros(4, np.int8),
+                    behaviour_logprobs=np.zeros(4, np.float32), token_versions=none)]
+    assert validate_many(trajs) == [_brute_counts(t) for t in trajs] == [t.version_counts for t in trajs]
+    empty = _with(trajs[0], token_ids=np.zeros(0, np.int32), loss_mask=np.zeros(0, np.int8),
+                  behaviour_logprobs=np.zeros(0, np.float32), token_versions=np.zeros(0, np.int32))
+    assert validate_many([trajs[1], empty, trajs[2]]) == [_brute_counts(trajs[1]), (), _brute_counts(trajs[2])]
+    assert validate_many([]) == []
+
+
+@pytest.mark.parametrize("corrupt", ["mask_2", "version_on_prompt", "logprob_on_prompt", "logprob_nan",
+                                     "short_mask", "reward_inf"])
+def test_validate_many_raises_what_the_failing_trajectory_raises(corrupt):
+    from tests.transport.conftest import make_trajectory
+
+    from ragen_async.protocol import validate_many
+
+    rng = np.random.default_rng(6)
+    trajs = [make_trajectory(rng, "g", i) for i in range(5)]
+    t = trajs[3]
+    prompt = int(np.flatnonzero(t.loss_mask)[0]) - 1  # the last prompt token
+    mask, versions, lp = t.loss_mask.copy(), t.token_versions.copy(), t.behaviour_logprobs.copy()
+    if corrupt == "mask_2":
+        mask[prompt] = 2
+    elif corrupt == "version_on_prompt":
+        versions[prompt] = 0
+    elif corrupt == "logprob_on_prompt":
+        lp[prompt] = -0.5
+    elif corrupt == "logprob_nan":
+        lp[prompt + 1] = np.nan
+    elif corrupt == "short_mask":
+        mask = mask[:-1]
+    bad = _with(t, loss_mask=mask, token_versions=versions, behaviour_logprobs=lp)
+    if corrupt == "reward_inf":
+        bad = _with(t, format_penalty=float("-inf"))
+    trajs[3] = bad
+    with pytest.raises(ValueError) as own:
+        bad.validate()
+    with pytest.raises(ValueError) as many:
+        validate_many(trajs)
+    assert str(many.value) == str(own.value)
+    validate_many(trajs[:3] + trajs[4:])  # the others pass
