@@ -317,7 +317,9 @@ def bench_weights_one(name: str, named: list, repeats: int = 5) -> WeightsRow:
         pg.barrier().wait(dt.timedelta(seconds=120))
         return time.perf_counter() - t0
 
-    flat = torch.zeros(total, dtype=torch.uint8)
+    # The same bytes in one buffer of their own. Not torch.zeros: untouched zeroed pages all map to the
+    # kernel's one zero page, so a raw send from them would read a single cached page instead of memory.
+    flat = torch.cat([t.detach().reshape(-1).view(torch.uint8) for _, t in named])
     project, raw = [], []
     tickets.put(pub.ticket(named, 0))
     for r in range(repeats + 1):  # alternating, so drift on a shared machine hits both paths alike

@@ -42,7 +42,13 @@ class WeightSyncTimeout(WeightSyncError, TimeoutError):
 
 # ---- manifest and packing -------------------------------------------------------------------
 def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
 def dtype_from_name(name: str) -> torch.dtype:
@@ -132,9 +138,9 @@ def adjacent_bytes(tensors: Sequence[torch.Tensor], dtype: torch.dtype) -> torch
         return None
     end = first.data_ptr()
     for t in tensors:
-        if t.dtype != dtype or t.data_ptr() != end or not t.is_contiguous():
+        if t.data_ptr() != end or t.dtype != dtype or not t.is_contiguous():
             return None
-        end += t.numel() * t.element_size()
+        end += t.nbytes
     storage = first.untyped_storage()
     start = first.data_ptr() - storage.data_ptr()
     if start + end - first.data_ptr() > storage.nbytes():

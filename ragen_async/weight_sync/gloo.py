@@ -199,6 +199,7 @@ class GlooBroadcastPublisher(WeightPublisher):
         self._plan: list[Bucket] | None = None
         self._buffers: list[torch.Tensor | None] = []
         """Packed buffers of the last publish, reused by the next one with the same plan."""
+        self._header = torch.zeros(HEADER_LEN, dtype=torch.int64)
         self._last_bucket_bytes: int | None = None
         """The bucket size of the last publish: what the next ticket announces."""
         self._announced: dict[int, tuple[int | None, Manifest]] = {}
@@ -262,8 +263,8 @@ class GlooBroadcastPublisher(WeightPublisher):
             if self._plan != plan:
                 self._plan, self._buffers = plan, [None] * len(plan)
         header_what = f"{where}: header of version {version}"
-        header_work = start_broadcast(self._pg, make_header(manifest, version, bucket_bytes), self.timeout_s,
-                                      header_what)
+        self._header.copy_(make_header(manifest, version, bucket_bytes))
+        header_work = start_broadcast(self._pg, self._header, self.timeout_s, header_what)
         in_flight: tuple[Any, str] | None = (header_work, header_what)
         for i, bucket in enumerate(plan):
             if bucket_bytes == natural == UNBOUNDED_BUCKET:

@@ -12,15 +12,18 @@ import numpy as np
 import pytest
 
 from ragen_async.protocol import (
+    NO_VERSION,
     TOKEN_FRAME_BYTES,
     TRAJECTORY_ARRAYS,
     BatchShard,
     GroupMeta,
     TrajectoryGroup,
     token_arrays,
+    validate_many,
 )
 from ragen_async.transport import CodecError, decode, encode, make_inproc_pair
 from ragen_async.transport.codec import CODEC_VERSION, REJECT_REASONS, _check_schema_covers, _digest, sign
+from tests.transport.conftest import make_trajectory
 
 # ----------------------------------------------------------------------------------------------------
 # Round trips
@@ -421,9 +424,6 @@ def _with(traj, **arrays):
 
 
 def test_validate_many_counts_versions_as_each_trajectory_alone():
-    from tests.transport.conftest import make_trajectory
-
-    from ragen_async.protocol import NO_VERSION, validate_many
 
     rng = np.random.default_rng(5)
     trajs = [make_trajectory(rng, "g", i, num_turns=int(rng.integers(1, 6))) for i in range(40)]
@@ -444,9 +444,6 @@ def test_validate_many_counts_versions_as_each_trajectory_alone():
 @pytest.mark.parametrize("corrupt", ["mask_2", "version_on_prompt", "logprob_on_prompt", "logprob_nan",
                                      "short_mask", "reward_inf"])
 def test_validate_many_raises_what_the_failing_trajectory_raises(corrupt):
-    from tests.transport.conftest import make_trajectory
-
-    from ragen_async.protocol import validate_many
 
     rng = np.random.default_rng(6)
     trajs = [make_trajectory(rng, "g", i) for i in range(5)]
