@@ -195,8 +195,7 @@ def validate_many(trajs: Sequence[Trajectory]) -> list[VersionCounts]:
         for t in trajs:
             t.validate()  # names the same failure for the trajectory it is in
         raise
-    mask = mask.view(bool) if mask.dtype.itemsize == 1 else mask.astype(bool)
-    return _version_counts(versions, mask, [t.num_tokens for t in trajs])
+    return _version_counts(versions, _as_bool(mask), [t.num_tokens for t in trajs])
 
 
 def _check_token_arrays(loss_mask: np.ndarray, versions: np.ndarray, lp: np.ndarray) -> None:
@@ -205,7 +204,7 @@ def _check_token_arrays(loss_mask: np.ndarray, versions: np.ndarray, lp: np.ndar
     n = loss_mask.shape[0]
     if n and np.asarray(loss_mask).view(np.uint8).max() > 1:  # int8 -1 reads as 255
         raise ValueError("loss_mask must be 0/1")
-    mask = loss_mask.view(bool) if loss_mask.dtype.itemsize == 1 else loss_mask.astype(bool)
+    mask = _as_bool(loss_mask)
     if not np.array_equal(versions >= 0, mask):
         raise ValueError("every sampled token needs a policy version, and no unsampled token may have one")
     if n and versions.min() < NO_VERSION:
@@ -215,6 +214,11 @@ def _check_token_arrays(loss_mask: np.ndarray, versions: np.ndarray, lp: np.ndar
     # NaN compares false with everything, so test finiteness first: one NaN would poison a whole batch.
     if n and not (np.isfinite(lp).all() and lp.max() <= _LOGPROB_SLACK):
         raise ValueError("behaviour_logprobs must be finite log-probabilities (<= 0)")
+
+
+def _as_bool(loss_mask: np.ndarray) -> np.ndarray:
+    """A 0/1 mask as booleans (a free view of int8)."""
+    return loss_mask.view(bool) if loss_mask.dtype.itemsize == 1 else loss_mask.astype(bool)
 
 
 def _version_counts(versions: np.ndarray, mask: np.ndarray, lengths: Sequence[int]) -> list[VersionCounts]:
