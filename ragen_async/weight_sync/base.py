@@ -66,14 +66,15 @@ def make_manifest(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Manifest
 def manifest_key(manifest: Sequence[ManifestEntry]) -> tuple:
     """A hashable form of a manifest: a sync repeats the same one, so its checksum and plan are cached.
     One sync asks for the same manifest object's key several times; the last one is remembered."""
-    if manifest is _last_key[0]:
-        return _last_key[1]
+    last = _last_key[0]  # one read of one slot: threads of one process (publisher, receivers) may interleave
+    if last is not None and last[0] is manifest:
+        return last[1]
     key = tuple((n, d, tuple(s)) for n, d, s in manifest)
-    _last_key[:] = [manifest, key]
+    _last_key[0] = (manifest, key)
     return key
 
 
-_last_key: list = [None, None]
+_last_key: list[tuple[Sequence[ManifestEntry], tuple] | None] = [None]
 
 
 def manifest_crc(manifest: Sequence[ManifestEntry]) -> int:

@@ -23,6 +23,11 @@ STEP_ATOL = 2e-5
 """One step under FSDP vs DDP or a single process: the gradient is reduced in another order, and Adam's
 first step (about lr * g / |g|) enlarges rounding in small gradient entries (measured: at most 1.4e-6
 vs DDP, 5.4e-6 vs a single process; a step moves most entries by about lr = 1e-3)."""
+STEP_OUTLIERS = (8, 1e-4)
+"""At most this many entries of the whole model may exceed ``STEP_ATOL`` after one step, none by more than
+a tenth of lr. Adam's first step of an entry is lr * g / (|g| + eps): where |g| is within a few eps, a
+rounding difference in g moves it by a fraction of lr (measured: 6.7e-5 in 1 of the 0.9 M entries of a
+tiny model built on another host; a wrong gradient moves thousands of entries by about lr)."""
 RESUME_ATOL = 2e-6
 """The next step after a round trip through another strategy's checkpoint vs the uninterrupted one
 (measured: at most 3.8e-7). Within one strategy the resumed step is bit for bit the same."""
@@ -116,12 +121,20 @@ def _save_old_format(learner: Learner, path) -> None:
                 "extra": {"step": 1}}, path / "learner_rank0.pt")
 
 
-def _assert_weights_close(got: dict, expected: dict, atol: float, what: str) -> None:
-    """Same names, order, shapes and dtypes; every value within ``atol``."""
+def _assert_weights_close(got: dict, expected: dict, atol: float, what: str,
+                          outliers: tuple[int, float] = (0, 0.0)) -> None:
+    """Same names, order, shapes and dtypes; every value within ``atol``, except at most ``outliers[0]``
+    entries of the whole model, which must still be within ``outliers[1]``."""
     assert list(got) == list(expected), what
+    max_outliers, outlier_atol = outliers
+    beyond = []
     for name, e in expected.items():
         assert got[name].shape == e.shape and got[name].dtype == e.dtype, (what, name)
-        torch.testing.assert_close(got[name], e, rtol=0, atol=atol, msg=lambda m, name=name: f"{what}, {name}: {m}")
+        diff = (got[name] - e).abs()
+        beyond += [(name, float(d)) for d in diff[diff > atol].tolist()]
+        torch.testing.assert_close(got[name], e, rtol=0, atol=max(atol, outlier_atol),
+                                   msg=lambda m, name=name: f"{what}, {name}: {m}")
+    assert len(beyond) <= max_outliers, f"{what}: {len(beyond)} entries differ by more than {atol}: {beyond[:10]}"
 
 
 def test_fsdp_full_weights_and_checkpoints_across_strategies_and_rank_counts(tiny_model_path, tmp_path):
@@ -153,8 +166,8 @@ def test_fsdp_full_weights_and_checkpoints_across_strategies_and_rank_counts(tin
     assert {n: t.shape for n, t in rec["fsdp1"].items()} == {n: t.shape for n, t in hf.items()}
     for name, t in rec["fsdp1"].items():  # the checkpoint's actor is the gathered one, bit for bit
         assert torch.equal(t, hf[name]), name
-    _assert_weights_close(rec["fsdp1"], rec["ddp1"], STEP_ATOL, "FSDP vs DDP, step 1")
-    _assert_weights_close(rec["fsdp1"], single1, STEP_ATOL, "FSDP vs single process, step 1")
+    _assert_weights_close(rec["fsdp1"], rec["ddp1"], STEP_ATOL, "FSDP vs DDP, step 1", STEP_OUTLIERS)
+    _assert_weights_close(rec["fsdp1"], single1, STEP_ATOL, "FSDP vs single process, step 1", STEP_OUTLIERS)
     assert rec1["fsdp1"] == {}  # the other ranks get nothing
     # Gathered bucket by bucket: many buckets, each within the bound (or one larger parameter), and
     # each bucket's gathers ran just before it came out, not all up front.
