@@ -22,7 +22,7 @@ This module is pure data: no ray, zmq, vllm or torch imports (numpy and msgspec 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
@@ -177,14 +177,23 @@ class Trajectory(_EpisodeFacts):
             raise ValueError("rewards and the format penalty must be finite")
 
 
+class InvalidTrajectory(ValueError):
+    """A trajectory given to :func:`validate_many` breaks an invariant: the message is the one its own
+    :meth:`Trajectory.validate` raises, ``index`` its position in the sequence."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(reason)
+        self.index = index
+
+
 def validate_many(trajs: Sequence[Trajectory]) -> list[VersionCounts]:
     """:meth:`Trajectory.validate` of every one of ``trajs``, and each one's :attr:`~Trajectory.version_counts`,
     in a few whole-array numpy calls over their concatenated arrays (a group's or a shard's: the codec runs
     this on every message at both ends of the wire, where per-trajectory calls cost more than the checks).
-    Raises the ``ValueError`` of the first trajectory that fails, as its own ``validate`` would."""
-    for t in trajs:
-        t._check_shapes()
-        t._check_rewards()
+    Raises :class:`InvalidTrajectory` for the first trajectory that fails."""
+    for i, t in enumerate(trajs):
+        _naming(i, t._check_shapes)
+        _naming(i, t._check_rewards)
     if not trajs:
         return []
     mask, versions, lp = (np.concatenate([getattr(t, name) for t in trajs])
@@ -192,10 +201,18 @@ def validate_many(trajs: Sequence[Trajectory]) -> list[VersionCounts]:
     try:
         _check_token_arrays(mask, versions, lp)
     except ValueError:
-        for t in trajs:
-            t.validate()  # names the same failure for the trajectory it is in
+        for i, t in enumerate(trajs):  # which one: the checks are per token, so one of them fails alone
+            _naming(i, lambda t=t: _check_token_arrays(t.loss_mask, t.token_versions, t.behaviour_logprobs))
         raise
     return _version_counts(versions, _as_bool(mask), [t.num_tokens for t in trajs])
+
+
+def _naming(index: int, check: Callable[[], None]) -> None:
+    """Run ``check``; its failure becomes the :class:`InvalidTrajectory` of trajectory ``index``."""
+    try:
+        check()
+    except (ValueError, TypeError) as exc:
+        raise InvalidTrajectory(index, str(exc)) from exc
 
 
 def _check_token_arrays(loss_mask: np.ndarray, versions: np.ndarray, lp: np.ndarray) -> None:

@@ -66,6 +66,7 @@ from ragen_async.protocol import (
     TRAJECTORY_ARRAYS,
     BatchShard,
     GroupMeta,
+    InvalidTrajectory,
     Trajectory,
     TrajectoryGroup,
     TrajectoryMeta,
@@ -306,9 +307,8 @@ def _encode_trajectories(trajs: Sequence[Trajectory]) -> tuple[list[_TrajectoryW
     arrays = [_array(name, getattr(traj, name)) for traj in trajs for name in _TRAJ_ARRAYS]
     try:
         counts = validate_many(trajs)  # fail at the producer, where the bug is, rather than at the consumer
-    except (ValueError, TypeError) as exc:
-        bad = next((t.traj_id for t in trajs if not _valid(t)), "?")
-        raise CodecError("malformed", f"trajectory {bad!r}: {exc}") from exc
+    except InvalidTrajectory as exc:
+        raise CodecError("malformed", f"trajectory {trajs[exc.index].traj_id!r}: {exc}") from exc
     data = b"".join(arrays)
     view, wires, offset = memoryview(data), [], 0
     for traj, versions in zip(trajs, counts, strict=True):
@@ -318,14 +318,6 @@ def _encode_trajectories(trajs: Sequence[Trajectory]) -> tuple[list[_TrajectoryW
                                      digest=_digest(view[offset:end])))
         offset = end
     return wires, data
-
-
-def _valid(traj: Trajectory) -> bool:
-    try:
-        traj.validate()
-    except (ValueError, TypeError):
-        return False
-    return True
 
 
 def _signed(kind: str, body: msgspec.Struct, frames: list[Frame], secret: bytes) -> list[Frame]:
@@ -461,9 +453,8 @@ def _validated(decoders: Sequence[_TrajectoryDecoder], trajs: Sequence[Trajector
     signed (what the driver decided on); one :func:`validate_many` over them all."""
     try:
         counts = validate_many(trajs)
-    except ValueError as exc:
-        where = next((d.where for d, t in zip(decoders, trajs, strict=True) if not _valid(t)), "a trajectory")
-        raise CodecError("malformed", f"{where}: {exc}") from exc
+    except InvalidTrajectory as exc:
+        raise CodecError("malformed", f"{decoders[exc.index].where}: {exc}") from exc
     for dec, versions in zip(decoders, counts, strict=True):
         if versions != tuple(dec.wire.versions):
             raise CodecError("malformed", f"{dec.where}: token versions do not match the signed summary")

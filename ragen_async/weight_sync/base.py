@@ -24,6 +24,8 @@ ManifestEntry = tuple[str, str, list[int]]
 """``(name, dtype, shape)``, dtype as ``"float32"``/``"bfloat16"``/…; plain types so it travels
 through msgpack/msgspec (vLLM ``collective_rpc``) and Ray unchanged."""
 Manifest = list[ManifestEntry]
+ManifestKey = tuple[tuple[str, str, tuple[int, ...]], ...]
+"""A manifest as nested tuples (:func:`manifest_key`)."""
 
 DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
 """Upper bound of one packed buffer (a tensor larger than this travels alone)."""
@@ -63,18 +65,12 @@ def make_manifest(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Manifest
     return [(name, dtype_name(t.dtype), list(t.shape)) for name, t in named_tensors]
 
 
-def manifest_key(manifest: Sequence[ManifestEntry]) -> tuple:
-    """A hashable form of a manifest: a sync repeats the same one, so its checksum and plan are cached.
-    One sync asks for the same manifest object's key several times; the last one is remembered."""
-    last = _last_key[0]  # one read of one slot: threads of one process (publisher, receivers) may interleave
-    if last is not None and last[0] is manifest:
-        return last[1]
-    key = tuple((n, d, tuple(s)) for n, d, s in manifest)
-    _last_key[0] = (manifest, key)
-    return key
-
-
-_last_key: list[tuple[Sequence[ManifestEntry], tuple] | None] = [None]
+def manifest_key(manifest: Sequence[ManifestEntry]) -> ManifestKey:
+    """The manifest as nested tuples: hashable, so the checksum and plan of a manifest that every sync
+    repeats are cached. The functions below take either form; a sync converts once and passes the key."""
+    if isinstance(manifest, tuple):
+        return manifest  # already a key
+    return tuple((n, d, tuple(s)) for n, d, s in manifest)
 
 
 def manifest_crc(manifest: Sequence[ManifestEntry]) -> int:

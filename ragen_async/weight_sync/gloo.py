@@ -42,6 +42,7 @@ from ragen_async.weight_sync.base import (
     Bucket,
     Manifest,
     ManifestEntry,
+    ManifestKey,
     Ticket,
     WeightPublisher,
     WeightReceiver,
@@ -131,15 +132,16 @@ class ReceiveBuffers:
     plan: tuple = ()
     """(manifest key, bucket size) the buffers and views were made for."""
 
-    def prepare(self, manifest: Sequence[ManifestEntry], bucket_bytes: int) -> None:
-        plan = (manifest_key(manifest), bucket_bytes)
+    def prepare(self, key: ManifestKey, bucket_bytes: int) -> None:
+        """Buffers and views for ``key`` (a :func:`manifest_key`) packed in buckets of ``bucket_bytes``."""
+        plan = (key, bucket_bytes)
         if plan == self.plan:
             return
-        buckets = plan_buckets(manifest, bucket_bytes)
+        buckets = plan_buckets(key, bucket_bytes)
         self.raws = [torch.empty(bucket_nbytes(b), dtype=torch.uint8) for b in buckets]
-        named: list[Any] = [None] * len(manifest)
+        named: list[Any] = [None] * len(key)
         for bucket, raw in zip(buckets, self.raws, strict=True):
-            for j, item in zip(bucket.indices, unpack_bucket(bucket, raw, manifest), strict=True):
+            for j, item in zip(bucket.indices, unpack_bucket(bucket, raw, key), strict=True):
                 named[j] = item
         self.named, self.plan = named, plan
 
@@ -152,20 +154,21 @@ def receive_weights(pg: Any, manifest: Sequence[ManifestEntry], version: int, ti
     syncs) when given. ``bucket_bytes`` is the ticket's announced plan: the header's and the buffers'
     receives are then started together, and the header checked when it has arrived."""
     buffers = ReceiveBuffers() if buffers is None else buffers
+    key = manifest_key(manifest)
     header = torch.zeros(HEADER_LEN, dtype=torch.int64)
     header_what = f"{where}: header of version {version}"
     header_work = start_broadcast(pg, header, timeout_s, header_what)
     if bucket_bytes is None:
         wait(header_work, timeout_s, header_what)
-        header_work, bucket_bytes = None, check_header(header, manifest, version, where)
-    buffers.prepare(manifest, bucket_bytes)
+        header_work, bucket_bytes = None, check_header(header, key, version, where)
+    buffers.prepare(key, bucket_bytes)
     works = []
     for i, raw in enumerate(buffers.raws):
         what = f"{where}: buffer {i} of version {version}"
         works.append((start_broadcast(pg, raw, timeout_s, what), what))
     if header_work is not None:
         wait(header_work, timeout_s, header_what)
-        if check_header(header, manifest, version, where) != bucket_bytes:
+        if check_header(header, key, version, where) != bucket_bytes:
             raise WeightSyncError(f"{where}: the publisher sends buckets of {int(header[3])} bytes but the "
                                   f"ticket announced {bucket_bytes}; the ticket came from another publisher")
     for work, what in works:
@@ -202,8 +205,8 @@ class GlooBroadcastPublisher(WeightPublisher):
         self._header = torch.zeros(HEADER_LEN, dtype=torch.int64)
         self._last_bucket_bytes: int | None = None
         """The bucket size of the last publish: what the next ticket announces."""
-        self._announced: dict[int, tuple[int | None, Manifest]] = {}
-        """Version -> the bucket size and manifest its ticket announced (``publish`` follows them)."""
+        self._announced: tuple[int, int | None, Manifest] | None = None
+        """The last ticket's version, and the bucket size and manifest it announced (``publish`` follows them)."""
         self.last_publish_s: float | None = None
 
     @property
@@ -232,7 +235,7 @@ class GlooBroadcastPublisher(WeightPublisher):
 
     def ticket(self, named_tensors: Sequence[tuple[str, torch.Tensor]], version: int) -> Ticket:
         manifest = make_manifest(named_tensors)
-        self._announced = {int(version): (self._last_bucket_bytes, manifest)}
+        self._announced = (int(version), self._last_bucket_bytes, manifest)
         return {"version": int(version), "manifest": manifest, "bucket_bytes": self._last_bucket_bytes}
 
     @torch.no_grad()  # the tensors may be parameters: packing them must not record autograd history
@@ -248,10 +251,14 @@ class GlooBroadcastPublisher(WeightPublisher):
         # dtype, sent in place; others are packed into buckets of at most bucket_bytes. The header
         # tells the receivers which plan to follow, unless this version's ticket announced one: then
         # that one is followed (packing into one bucket per dtype if need be).
-        plan = plan_buckets(manifest, UNBOUNDED_BUCKET)
+        key = manifest_key(manifest)
+        plan = plan_buckets(key, UNBOUNDED_BUCKET)
         in_place = [adjacent_bytes([tensors[i] for i in b.indices], dtype_from_name(b.dtype)) for b in plan]
         natural = UNBOUNDED_BUCKET if all(view is not None for view in in_place) else self.bucket_bytes
-        announced, announced_manifest = self._announced.pop(int(version), (None, manifest))
+        announced, announced_manifest = None, manifest
+        if self._announced is not None and self._announced[0] == int(version):
+            _, announced, announced_manifest = self._announced
+            self._announced = None
         if announced is not None and announced_manifest != manifest:
             # Receivers that know the plan post buffers of the announced sizes before they read the header;
             # gloo aborts the process on a size mismatch, so nothing may be sent that differs from it.
@@ -259,11 +266,11 @@ class GlooBroadcastPublisher(WeightPublisher):
                                   "ticket announced; nothing was sent")
         bucket_bytes = natural if announced is None else announced
         if bucket_bytes != natural or natural != UNBOUNDED_BUCKET:
-            plan = plan_buckets(manifest, bucket_bytes)
+            plan = plan_buckets(key, bucket_bytes)
             if self._plan != plan:
                 self._plan, self._buffers = plan, [None] * len(plan)
         header_what = f"{where}: header of version {version}"
-        self._header.copy_(make_header(manifest, version, bucket_bytes))
+        self._header.copy_(make_header(key, version, bucket_bytes))
         header_work = start_broadcast(self._pg, self._header, self.timeout_s, header_what)
         in_flight: tuple[Any, str] | None = (header_work, header_what)
         for i, bucket in enumerate(plan):

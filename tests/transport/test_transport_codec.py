@@ -17,6 +17,7 @@ from ragen_async.protocol import (
     TRAJECTORY_ARRAYS,
     BatchShard,
     GroupMeta,
+    InvalidTrajectory,
     TrajectoryGroup,
     token_arrays,
     validate_many,
@@ -89,12 +90,14 @@ def test_encode_refuses_wrong_dtype_and_invalid_trajectories(msgs, secret):
         encode(wide, secret)
     assert err.value.reason == "wrong_type" and "token_ids" in str(err.value)
 
-    bad_versions = traj.token_versions.copy()
+    three = msgs.group(size=3).trajectories
+    last = three[-1]
+    bad_versions = last.token_versions.copy()
     bad_versions[0] = 3  # a prompt token cannot have a policy version
-    invalid = dataclasses.replace(group, trajectories=(dataclasses.replace(traj, token_versions=bad_versions),))
+    invalid = dataclasses.replace(group, trajectories=(*three[:-1], dataclasses.replace(last, token_versions=bad_versions)))
     with pytest.raises(CodecError) as err:
         encode(invalid, secret)
-    assert err.value.reason == "malformed"
+    assert err.value.reason == "malformed" and repr(last.traj_id) in str(err.value)  # names the one that fails
 
     with pytest.raises(CodecError):
         encode(dataclasses.replace(group, trajectories=()), secret)
@@ -466,7 +469,7 @@ def test_validate_many_raises_what_the_failing_trajectory_raises(corrupt):
     trajs[3] = bad
     with pytest.raises(ValueError) as own:
         bad.validate()
-    with pytest.raises(ValueError) as many:
+    with pytest.raises(InvalidTrajectory) as many:
         validate_many(trajs)
-    assert str(many.value) == str(own.value)
+    assert str(many.value) == str(own.value) and many.value.index == 3
     validate_many(trajs[:3] + trajs[4:])  # the others pass
