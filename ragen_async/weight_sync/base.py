@@ -32,6 +32,12 @@ DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
 
 HEADER_MAGIC = 0x52414745  # "RAGE"
 HEADER_LEN = 6
+HEADER_BYTES = HEADER_LEN * 8
+
+SLOT_BYTES = 64
+"""Room for the header in front of the first buffer when the plan is announced (a multiple of every
+dtype's size, and keeps what follows 64-byte aligned). Its last 8 bytes hold :data:`SLOT_MAGIC`."""
+SLOT_MAGIC = 0x544F4C5345474152  # "RAGESLOT", little-endian
 
 
 class WeightSyncError(RuntimeError):
@@ -156,8 +162,12 @@ def flat_layout(tensors: Sequence[torch.Tensor], device: str | torch.device | No
     for t, d in zip(tensors, where, strict=True):
         key = (t.dtype, d)
         totals[key] = totals.get(key, 0) + t.numel()
-    flats = {key: torch.empty(n, dtype=key[0], device=key[1]) for key, n in totals.items()}
-    offsets = dict.fromkeys(totals, 0)
+    flats, offsets = {}, {}
+    for key, n in totals.items():  # each flat buffer starts with a header slot (see header_slot)
+        slot = SLOT_BYTES // key[0].itemsize
+        flats[key] = torch.empty(slot + n, dtype=key[0], device=key[1])
+        flats[key][:slot].view(torch.int64).copy_(_empty_slot(key[1]))
+        offsets[key] = slot
     out = []
     for t, d in zip(tensors, where, strict=True):
         key, n = (t.dtype, d), t.numel()
@@ -166,6 +176,24 @@ def flat_layout(tensors: Sequence[torch.Tensor], device: str | torch.device | No
         offsets[key] += n
         out.append(view)
     return out
+
+
+def _empty_slot(device: torch.device) -> torch.Tensor:
+    slot = torch.zeros(SLOT_BYTES // 8, dtype=torch.int64, device=device)
+    slot[-1] = SLOT_MAGIC
+    return slot
+
+
+def header_slot(data: torch.Tensor) -> torch.Tensor | None:
+    """``data`` (a uint8 view, as :func:`adjacent_bytes` returns) extended back over the header slot that
+    :func:`flat_layout` leaves in front of each flat buffer, so the header can be written there and sent
+    with the data in one broadcast; ``None`` when the bytes before ``data`` are not such a slot."""
+    storage = data.untyped_storage()
+    start = data.data_ptr() - storage.data_ptr() - SLOT_BYTES
+    if data.device.type != "cpu" or start < 0 or start % 8:
+        return None
+    out = torch.empty(0, dtype=torch.uint8).set_(storage)[start: start + SLOT_BYTES + data.numel()]
+    return out if int(out[:SLOT_BYTES].view(torch.int64)[-1]) == SLOT_MAGIC else None
 
 
 def flatten_parameters(module: torch.nn.Module) -> None:
@@ -178,18 +206,25 @@ def flatten_parameters(module: torch.nn.Module) -> None:
             p.data = view
 
 
-def pack_bucket(bucket: Bucket, tensors: Sequence[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+def pack_bucket(bucket: Bucket, tensors: Sequence[torch.Tensor], out: torch.Tensor | None = None,
+                slot: bool = False) -> torch.Tensor:
     """Concatenate the bucket's tensors (indexed like the manifest) into one flat CPU buffer,
     returned as raw bytes (uint8) so any dtype travels through any backend. Tensors that already lie
     back to back in one storage (one contiguous tensor, or a :func:`flat_layout`) are returned as a
     byte view of that memory (no copy); otherwise ``out`` (a previous result for the same bucket) is
-    reused when given."""
+    reused when given. With ``slot`` the result starts with :data:`SLOT_BYTES` of room for the header:
+    a flat layout's own slot (:func:`header_slot`), or the first bytes of the packed copy."""
     dtype = dtype_from_name(bucket.dtype)
     view = adjacent_bytes([tensors[i].detach() for i in bucket.indices], dtype)
+    if view is not None and slot:
+        view = header_slot(view)
     if view is not None:
         return view
-    reuse = out is not None and out.numel() == bucket.numel * dtype.itemsize and out.dtype == torch.uint8
-    flat = out.view(dtype) if reuse else torch.empty(bucket.numel, dtype=dtype)
+    room = SLOT_BYTES if slot else 0
+    nbytes = room + bucket.numel * dtype.itemsize
+    reuse = out is not None and out.numel() == nbytes and out.dtype == torch.uint8
+    raw = out if reuse else torch.empty(nbytes, dtype=torch.uint8)
+    flat = raw[room:].view(dtype)
     off = 0
     for i in bucket.indices:
         t = tensors[i].detach()
@@ -198,7 +233,7 @@ def pack_bucket(bucket: Bucket, tensors: Sequence[torch.Tensor], out: torch.Tens
         n = t.numel()
         flat[off: off + n].copy_(t.reshape(-1))
         off += n
-    return flat.view(torch.uint8)
+    return raw
 
 
 def unpack_bucket(bucket: Bucket, raw: torch.Tensor, manifest: Sequence[ManifestEntry]

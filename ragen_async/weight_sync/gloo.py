@@ -10,14 +10,16 @@ Protocol of one sync (both sides derive everything from the same manifest)::
     concurrently: publisher.publish(named_tensors, v)          # learner rank 0
                   receiver.receive(ticket)                     # next to every engine
     wire:         header (int64[6]: magic, version, #tensors, bucket bytes, manifest crc, #buckets)
-                  then one broadcast per buffer (per dtype, <= bucket bytes, as raw bytes): the
+                  and one broadcast per buffer (per dtype, <= bucket bytes, as raw bytes): the
                   learner's flat parameter buffers as they are (bucket bytes unbounded), or the
                   tensors packed into buckets when they are not laid out that way
 
 The ticket announces the bucket size the publisher used last (``None`` before its first publish), and
-the publish of that version follows it. With the plan known in advance a receiver posts the header's
-and every buffer's receive at once and checks the header when it arrives, so the header costs no round
-of its own; without one (the first sync) it reads the header first and plans from it.
+the publish of that version follows it. With the plan known in advance, the header travels inside the
+first buffer's broadcast, in a slot of :data:`~ragen_async.weight_sync.base.SLOT_BYTES` in front of the
+data (the learner's flat buffers have one: ``flat_layout``), so a sync is exactly one broadcast per
+buffer; a receiver posts every receive at once and checks the header when they are done. Without a plan
+(the first sync) the header is broadcast first, alone, and the receiver plans from it.
 
 Every collective has a timeout; a timeout or a dead peer raises :class:`WeightSyncError` /
 :class:`WeightSyncTimeout` naming the group. After an error the group is unusable: close it and
@@ -38,7 +40,9 @@ import torch
 
 from ragen_async.weight_sync.base import (
     DEFAULT_BUCKET_BYTES,
+    HEADER_BYTES,
     HEADER_LEN,
+    SLOT_BYTES,
     Bucket,
     Manifest,
     ManifestEntry,
@@ -52,6 +56,7 @@ from ragen_async.weight_sync.base import (
     bucket_nbytes,
     check_header,
     dtype_from_name,
+    header_slot,
     make_header,
     make_manifest,
     manifest_key,
@@ -130,49 +135,53 @@ class ReceiveBuffers:
     raws: list[torch.Tensor] = field(default_factory=list)
     named: list[tuple[str, torch.Tensor]] = field(default_factory=list)
     plan: tuple = ()
-    """(manifest key, bucket size) the buffers and views were made for."""
+    """(manifest key, bucket size, slot) the buffers and views were made for."""
 
-    def prepare(self, key: ManifestKey, bucket_bytes: int) -> None:
-        """Buffers and views for ``key`` (a :func:`manifest_key`) packed in buckets of ``bucket_bytes``."""
-        plan = (key, bucket_bytes)
+    def prepare(self, key: ManifestKey, bucket_bytes: int, slot: bool) -> None:
+        """Buffers and views for ``key`` (a :func:`manifest_key`) packed in buckets of ``bucket_bytes``; with
+        ``slot`` the first buffer has :data:`SLOT_BYTES` in front, where the header arrives."""
+        plan = (key, bucket_bytes, slot)
         if plan == self.plan:
             return
         buckets = plan_buckets(key, bucket_bytes)
-        self.raws = [torch.empty(bucket_nbytes(b), dtype=torch.uint8) for b in buckets]
+        room = [SLOT_BYTES if slot and i == 0 else 0 for i in range(len(buckets))]
+        self.raws = [torch.empty(r + bucket_nbytes(b), dtype=torch.uint8) for r, b in zip(room, buckets, strict=True)]
         named: list[Any] = [None] * len(key)
-        for bucket, raw in zip(buckets, self.raws, strict=True):
-            for j, item in zip(bucket.indices, unpack_bucket(bucket, raw, key), strict=True):
+        for bucket, raw, r in zip(buckets, self.raws, room, strict=True):
+            for j, item in zip(bucket.indices, unpack_bucket(bucket, raw[r:], key), strict=True):
                 named[j] = item
         self.named, self.plan = named, plan
+
+    @property
+    def header(self) -> torch.Tensor:
+        """The header as it arrived in the first buffer's slot."""
+        return self.raws[0][:HEADER_BYTES].view(torch.int64)
 
 
 def receive_weights(pg: Any, manifest: Sequence[ManifestEntry], version: int, timeout_s: float,
                     where: str, buffers: ReceiveBuffers | None = None,
                     bucket_bytes: int | None = None) -> list[tuple[str, torch.Tensor]]:
-    """Receiver side of one sync: header, then the packed buffers; returns ``(name, tensor)`` in
-    manifest order (views into the received buffers), reusing ``buffers`` (kept by the caller between
-    syncs) when given. ``bucket_bytes`` is the ticket's announced plan: the header's and the buffers'
-    receives are then started together, and the header checked when it has arrived."""
+    """Receiver side of one sync; returns ``(name, tensor)`` in manifest order (views into the received
+    buffers), reusing ``buffers`` (kept by the caller between syncs) when given. ``bucket_bytes`` is the
+    ticket's announced plan: every buffer's receive is then started at once and the header, which arrives
+    in the first buffer's slot, checked when they are done. Without it, the header comes first, alone."""
     buffers = ReceiveBuffers() if buffers is None else buffers
     key = manifest_key(manifest)
-    header = torch.zeros(HEADER_LEN, dtype=torch.int64)
-    header_what = f"{where}: header of version {version}"
-    header_work = start_broadcast(pg, header, timeout_s, header_what)
+    announced = bucket_bytes is not None
     if bucket_bytes is None:
-        wait(header_work, timeout_s, header_what)
-        header_work, bucket_bytes = None, check_header(header, key, version, where)
-    buffers.prepare(key, bucket_bytes)
+        header = torch.zeros(HEADER_LEN, dtype=torch.int64)
+        broadcast(pg, header, timeout_s, f"{where}: header of version {version}")
+        bucket_bytes = check_header(header, key, version, where)
+    buffers.prepare(key, bucket_bytes, slot=announced)
     works = []
     for i, raw in enumerate(buffers.raws):
         what = f"{where}: buffer {i} of version {version}"
         works.append((start_broadcast(pg, raw, timeout_s, what), what))
-    if header_work is not None:
-        wait(header_work, timeout_s, header_what)
-        if check_header(header, key, version, where) != bucket_bytes:
-            raise WeightSyncError(f"{where}: the publisher sends buckets of {int(header[3])} bytes but the "
-                                  f"ticket announced {bucket_bytes}; the ticket came from another publisher")
     for work, what in works:
         wait(work, timeout_s, what)
+    if announced and check_header(buffers.header, key, version, where) != bucket_bytes:
+        raise WeightSyncError(f"{where}: the publisher sends buckets of {int(buffers.header[3])} bytes but the "
+                              f"ticket announced {bucket_bytes}; the ticket came from another publisher")
     return list(buffers.named)
 
 
@@ -203,6 +212,8 @@ class GlooBroadcastPublisher(WeightPublisher):
         self._buffers: list[torch.Tensor | None] = []
         """Packed buffers of the last publish, reused by the next one with the same plan."""
         self._header = torch.zeros(HEADER_LEN, dtype=torch.int64)
+        self._slotted: torch.Tensor | None = None
+        """The first buffer with the header's slot in front, when it had to be packed (kept for reuse)."""
         self._last_bucket_bytes: int | None = None
         """The bucket size of the last publish: what the next ticket announces."""
         self._announced: tuple[int, int | None, Manifest] | None = None
@@ -250,7 +261,10 @@ class GlooBroadcastPublisher(WeightPublisher):
         # Tensors that lie in one flat buffer per dtype (the learner's layout) go as one broadcast per
         # dtype, sent in place; others are packed into buckets of at most bucket_bytes. The header
         # tells the receivers which plan to follow, unless this version's ticket announced one: then
-        # that one is followed (packing into one bucket per dtype if need be).
+        # that one is followed (packing into one bucket per dtype if need be), and the header travels in
+        # the slot in front of the first buffer (flat_layout leaves one; otherwise that buffer is packed).
+        if not manifest:
+            raise WeightSyncError(f"{where}: no tensors to publish")
         key = manifest_key(manifest)
         plan = plan_buckets(key, UNBOUNDED_BUCKET)
         in_place = [adjacent_bytes([tensors[i] for i in b.indices], dtype_from_name(b.dtype)) for b in plan]
@@ -269,14 +283,20 @@ class GlooBroadcastPublisher(WeightPublisher):
             plan = plan_buckets(key, bucket_bytes)
             if self._plan != plan:
                 self._plan, self._buffers = plan, [None] * len(plan)
-        header_what = f"{where}: header of version {version}"
         self._header.copy_(make_header(key, version, bucket_bytes))
-        header_work = start_broadcast(self._pg, self._header, self.timeout_s, header_what)
-        in_flight: tuple[Any, str] | None = (header_work, header_what)
+        in_flight: tuple[Any, str] | None = None
+        if announced is None:  # the receivers read the header first, alone
+            header_what = f"{where}: header of version {version}"
+            in_flight = (start_broadcast(self._pg, self._header, self.timeout_s, header_what), header_what)
         for i, bucket in enumerate(plan):
-            if bucket_bytes == natural == UNBOUNDED_BUCKET:
-                buf = in_place[i]
-            else:  # pack the next buffer while the previous one is on the wire; buffers are kept for reuse
+            slotted = announced is not None and i == 0  # the header travels in the first buffer's slot
+            buf = in_place[i] if bucket_bytes == natural == UNBOUNDED_BUCKET else None
+            if slotted:
+                buf = header_slot(buf) if buf is not None else None
+                if buf is None:  # not the learner's flat layout: packed behind room for the header
+                    buf = self._slotted = pack_bucket(bucket, tensors, out=self._slotted, slot=True)
+                buf[:HEADER_BYTES].view(torch.int64).copy_(self._header)
+            elif buf is None:  # pack the next buffer while the previous one is on the wire; buffers are reused
                 buf = self._buffers[i] = pack_bucket(bucket, tensors, out=self._buffers[i])
             what = f"{where}: buffer {i} of version {version}"
             work = start_broadcast(self._pg, buf, self.timeout_s, what)

@@ -122,3 +122,27 @@ def test_ring_buffer_copies_are_flat():
     got = ring.get(1)
     assert all(torch.equal(got[n], t) and got[n].data_ptr() != t.data_ptr() for n, t in state)
     assert adjacent_bytes([got["a"], got["b"]], torch.float32) is not None
+
+
+def test_only_a_flat_layout_has_a_header_slot_in_front():
+    """The publisher writes the header into the bytes before the first buffer only where flat_layout left
+    a marked slot; anywhere else those bytes may be another tensor's, so it packs a copy instead."""
+    from ragen_async.weight_sync.base import SLOT_BYTES, adjacent_bytes, flat_layout, header_slot
+
+    tensors = [torch.randn(40), torch.randn(3, 5), torch.randn(6).bfloat16()]
+    flat = flat_layout(tensors)
+    for dtype, ts in ((torch.float32, flat[:2]), (torch.bfloat16, flat[2:])):
+        data = adjacent_bytes(ts, dtype)
+        slotted = header_slot(data)
+        assert slotted is not None and slotted.numel() == SLOT_BYTES + data.numel()
+        assert slotted.data_ptr() + SLOT_BYTES == data.data_ptr()
+    # a later tensor of the flat buffer, a tensor of its own, a view into the middle of a plain tensor
+    big = torch.zeros(1000)
+    for t in (flat[1], tensors[0], big[100:200]):
+        assert header_slot(adjacent_bytes([t], t.dtype)) is None
+    # with slot=True a bucket of separate tensors is packed behind room for the header
+    bucket = plan_buckets(make_manifest([("a", tensors[0]), ("b", tensors[1])]), 1 << 20)[0]
+    packed = pack_bucket(bucket, tensors[:2], slot=True)
+    assert packed.numel() == SLOT_BYTES + 55 * 4
+    assert torch.equal(packed[SLOT_BYTES:].view(torch.float32)[:40], tensors[0])
+    assert pack_bucket(bucket, flat[:2], slot=True).data_ptr() + SLOT_BYTES == flat[0].data_ptr()  # in place

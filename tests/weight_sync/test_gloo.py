@@ -158,20 +158,24 @@ def _flat(named):
     return list(zip([n for n, _ in named], flat_layout([t for _, t in named]), strict=True))
 
 
-def test_the_ticket_announces_the_plan_so_receivers_post_every_receive_before_the_header(monkeypatch):
+def test_the_ticket_announces_the_plan_so_the_header_rides_in_the_first_buffer(monkeypatch):
     """From the second sync on, the ticket carries the bucket size of the publisher's last publish; the
-    receiver then starts the header's and every buffer's receive before waiting on any (no round trip
-    for the header alone), and checks the header when it has arrived."""
+    header then travels in the slot flat_layout leaves in front of the first flat buffer (sent in place,
+    one broadcast per dtype, like a raw broadcast of the same bytes), and the receiver starts every
+    buffer's receive before waiting on any, checking the header when they are done."""
     import ragen_async.weight_sync.gloo as gloo
+    from ragen_async.weight_sync.base import SLOT_BYTES
 
     named = _flat(named_state())
     pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=10)
-    calls = []
+    calls, sent = [], []
     real_start, real_wait = gloo.start_broadcast, gloo.wait
 
     def start(pg, t, *a):
         if threading.current_thread() is not threading.main_thread():
             calls.append("start")
+        else:
+            sent.append(t)
         return real_start(pg, t, *a)
 
     def wait(work, *a):
@@ -188,6 +192,8 @@ def test_the_ticket_announces_the_plan_so_receivers_post_every_receive_before_th
     assert ticket["bucket_bytes"] is None  # nothing published yet: the receiver reads the header first
     plans[1] = ticket["bucket_bytes"]
     pub.publish(named, version=1)
+    assert [b.numel() for b in sent] == [6, 64 * 32 * 4 + 5 * 4, 300 * 2]  # header, float32, bfloat16
+    sent.clear()
     ticket = pub.ticket(named, 2)
     assert ticket["bucket_bytes"] == UNBOUNDED_BUCKET
     plans[2] = ticket["bucket_bytes"]
@@ -195,8 +201,12 @@ def test_the_ticket_announces_the_plan_so_receivers_post_every_receive_before_th
     receiver.join(20)
     assert receiver.error is None
     assert all(torch.equal(got, t) for (_, t), (_, got) in zip(named, receiver.result, strict=True))
-    # version 1: the header's round first, then the float32 and bfloat16 buffers; version 2: all at once
-    assert calls == ["start", "wait", "start", "start", "wait", "wait"] + ["start"] * 3 + ["wait"] * 3
+    # version 1: the header's round first, then the float32 and bfloat16 buffers; version 2: both at once
+    assert calls == ["start", "wait", "start", "start", "wait", "wait"] + ["start"] * 2 + ["wait"] * 2
+    # version 2: two broadcasts, the first the flat float32 buffer itself with its header slot in front
+    assert [b.numel() for b in sent] == [SLOT_BYTES + 64 * 32 * 4 + 5 * 4, 300 * 2]
+    assert sent[0].data_ptr() + SLOT_BYTES == named[0][1].data_ptr()
+    assert sent[0][:48].view(torch.int64)[:2].tolist() == [0x52414745, 2]  # magic, version
     pub.close()
 
 
@@ -221,6 +231,22 @@ def test_a_publish_follows_its_ticket_even_when_the_layout_changed_since():
     pub.close()
 
 
+def test_a_header_in_the_slot_that_does_not_match_the_ticket_is_an_error():
+    """The receiver got the bytes of another version than its ticket's (the sizes match): the header in
+    the first buffer's slot says so, and nothing is returned to load."""
+    named = _flat(named_state())
+    pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=5)
+    plans = {1: None}
+    receiver = Receiver(pub, 1, pub.manifest(named), versions=[1, 3], plans=plans, timeout_s=5)
+    receiver.start()
+    pub.publish(named, version=1)
+    plans[3] = pub.ticket(named, 2)["bucket_bytes"]  # the receiver holds the plan, with the wrong version
+    pub.publish(named, version=2)
+    receiver.join(15)
+    assert isinstance(receiver.error, WeightSyncError) and "expected version 3" in str(receiver.error)
+    pub.close()
+
+
 def test_a_publish_that_does_not_match_its_ticket_sends_nothing():
     """Receivers that know the plan post their buffers before the header arrives (gloo aborts on a size
     mismatch), so the publisher refuses tensors that differ from the manifest the ticket announced."""
@@ -234,5 +260,5 @@ def test_a_publish_that_does_not_match_its_ticket_sends_nothing():
     with pytest.raises(WeightSyncError, match="do not match the manifest its ticket announced; nothing was sent"):
         pub.publish(named[:2], version=2)
     receiver.join(15)
-    assert isinstance(receiver.error, WeightSyncTimeout) and "header of version 2" in str(receiver.error)
+    assert isinstance(receiver.error, WeightSyncTimeout) and "buffer 0 of version 2" in str(receiver.error)
     pub.close()
