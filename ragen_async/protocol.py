@@ -202,7 +202,7 @@ def validate_many(trajs: Sequence[Trajectory]) -> list[VersionCounts]:
         _check_token_arrays(mask, versions, lp)
     except ValueError:
         for i, t in enumerate(trajs):  # which one: the checks are per token, so one of them fails alone
-            _naming(i, lambda t=t: _check_token_arrays(t.loss_mask, t.token_versions, t.behaviour_logprobs))
+            _naming(i, t.validate)
         raise
     return _version_counts(versions, _as_bool(mask), [t.num_tokens for t in trajs])
 
