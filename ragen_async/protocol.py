@@ -22,9 +22,10 @@ This module is pure data: no ray, zmq, vllm or torch imports (numpy and msgspec 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import Annotated, TypeAlias
 
 import msgspec
 import numpy as np
@@ -35,6 +36,11 @@ _LOGPROB_SLACK = 1e-4
 """A sampled token's log-prob may exceed 0 by this much (float rounding of a log-softmax), no more."""
 
 
+Finite = Annotated[float, msgspec.Meta(ge=-sys.float_info.max, le=sys.float_info.max)]
+"""A float that must be a number: where a msgspec struct is decoded (the codec's headers), NaN and the
+infinities are refused (the driver filters and normalises on rewards and scores)."""
+
+
 class TurnRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """What happened in one turn of an episode (everything except the tokens themselves).
 
@@ -42,7 +48,7 @@ class TurnRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     carries dozens of them, and checking them field by field in Python was most of the codec's cost).
     """
 
-    reward: float
+    reward: Finite
     """Sum of the environment's step rewards for the actions executed this turn."""
     actions: tuple[str, ...]
     """Valid actions parsed from the reply and sent to the environment (canonical spelling)."""
@@ -190,12 +196,17 @@ def validate_many(trajs: Sequence[Trajectory]) -> list[VersionCounts]:
     """:meth:`Trajectory.validate` of every one of ``trajs``, and each one's :attr:`~Trajectory.version_counts`,
     in a few whole-array numpy calls over their concatenated arrays (a group's or a shard's: the codec runs
     this on every message at both ends of the wire, where per-trajectory calls cost more than the checks).
-    Raises :class:`InvalidTrajectory` for the first trajectory that fails."""
-    for i, t in enumerate(trajs):
-        _naming(i, t._check_shapes)
-        _naming(i, t._check_rewards)
+    Raises :class:`InvalidTrajectory` naming a trajectory that fails (the first to fail the first check
+    that does: shapes, rewards, then the per-token checks)."""
     if not trajs:
         return []
+    for i, t in enumerate(trajs):
+        if not t.loss_mask.shape == t.behaviour_logprobs.shape == t.token_versions.shape == t.token_ids.shape[:1]:
+            _naming(i, t._check_shapes)
+    # One sum for all rewards: finite unless one is not (or, rarely, the sum overflows: then each is checked).
+    if not math.isfinite(sum([t.format_penalty for t in trajs]) + sum([x.reward for t in trajs for x in t.turns])):
+        for i, t in enumerate(trajs):
+            _naming(i, t._check_rewards)
     mask, versions, lp = (np.concatenate([getattr(t, name) for t in trajs])
                           for name in ("loss_mask", "token_versions", "behaviour_logprobs"))
     try:
@@ -228,8 +239,8 @@ def _check_token_arrays(loss_mask: np.ndarray, versions: np.ndarray, lp: np.ndar
         raise ValueError("unsampled tokens must carry NO_VERSION")
     if np.greater(lp != 0, mask).any():
         raise ValueError("behaviour_logprobs must be 0 on unsampled tokens")
-    # NaN compares false with everything, so test finiteness first: one NaN would poison a whole batch.
-    if n and not (np.isfinite(lp).all() and lp.max() <= _LOGPROB_SLACK):
+    # NaN compares false with everything (and a max or min over a NaN is NaN), so both bounds refuse it.
+    if n and not (lp.max() <= _LOGPROB_SLACK and lp.min() > -math.inf):
         raise ValueError("behaviour_logprobs must be finite log-probabilities (<= 0)")
 
 

@@ -85,7 +85,7 @@ def synthetic_group(shape: GroupShape, index: int, seed: int = 0) -> TrajectoryG
 
 HOPS: dict[str, str] = {
     "actor → driver": "one sender encodes every group (ZmqSender.send); the receiver checks and reads it "
-                      "(ZmqReceiver.receive: signature, digests, metadata)",
+                      "(ZmqReceiver.receive: signature, header, metadata)",
     "driver receive": "the same receiver, fed groups encoded beforehand, as many actors encoding in parallel "
                       "would feed it: the driver's own cost",
     "driver → learner": "the driver's shards (every trajectory of a group, forwarded as received) decoded by a "

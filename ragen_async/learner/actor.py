@@ -20,7 +20,7 @@ import torch
 from ragen_async.config import RunConfig
 from ragen_async.learner.learner import Learner, TrainResult
 from ragen_async.protocol import BatchShard
-from ragen_async.transport import bind_address, make_receiver
+from ragen_async.transport import CodecError, bind_address, make_receiver
 from ragen_async.weight_sync import RayActorsClient, RingBuffer, make_publisher
 
 
@@ -80,7 +80,10 @@ class LearnerActor:
 
     def train_step(self, timeout_s: float = 600.0) -> TrainResult:
         t0 = time.perf_counter()
-        shard = self.receiver.receive(timeout_s)
+        try:  # the driver is this receiver's one producer: a shard it cannot read stops the run, named
+            shard = self.receiver.receive(timeout_s, raise_rejects=True)
+        except CodecError as exc:
+            raise RuntimeError(f"learner rank {self.rank} refused its batch shard: {exc}") from exc
         if shard is None:
             raise TimeoutError(f"learner rank {self.rank}: no batch shard arrived within {timeout_s:.0f} s")
         wait_s = time.perf_counter() - t0

@@ -192,10 +192,12 @@ class MessageReceiver(_Endpoint):
         """A snapshot of the counters."""
         return self._stats.copy()
 
-    def receive(self, timeout_s: float | None = None) -> Received | None:
+    def receive(self, timeout_s: float | None = None, *, raise_rejects: bool = False) -> Received | None:
         """The next valid message, or ``None`` if none arrived within ``timeout_s`` (``None``: wait forever).
 
-        Invalid messages are counted and skipped without returning, so ``None`` always means "timed out".
+        Invalid messages are counted and skipped without returning, so ``None`` always means "timed out";
+        with ``raise_rejects`` one is counted and its :class:`CodecError` raised instead (a consumer fed by
+        one trusted producer, like a learner rank by the driver, cannot go on without the message).
         """
         self._check_open()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -204,17 +206,19 @@ class MessageReceiver(_Endpoint):
             frames = self._recv_frames(remaining)
             if frames is None:
                 return None
-            msg = self._decode_counted(frames)
+            msg = self._decode_counted(frames, raise_rejects)
             if msg is not None:
                 return msg
             if remaining == 0.0:
                 return None
 
-    def _decode_counted(self, frames: Sequence[object]) -> Received | None:
+    def _decode_counted(self, frames: Sequence[object], raise_rejects: bool = False) -> Received | None:
         try:
             msg = decode(frames, self._secret, self.max_message_bytes, self._expected)
         except CodecError as exc:
             self._stats.rejected[exc.reason] += 1
+            if raise_rejects:
+                raise
             return None
         # The signature is an HMAC of the header, which names every other byte (by digest), so equal
         # signatures mean the same message, and

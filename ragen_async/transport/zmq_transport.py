@@ -124,10 +124,13 @@ class ZmqReceiver(MessageReceiver):
         return cls(secret, f"tcp://{host}:{port if port else '*'}", **kwargs)  # type: ignore[arg-type]
 
     def _recv_frames(self, timeout_s: float | None) -> Sequence[object] | None:
-        if not self._sock.poll(_to_ms(timeout_s), zmq.POLLIN):
-            return None
-        # POLLIN guarantees a whole multipart message is ready (delivery is atomic).
-        frames = self._sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+        try:  # under load a message is waiting: take it without a poll first
+            frames = self._sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            if not self._sock.poll(_to_ms(timeout_s), zmq.POLLIN):
+                return None
+            # POLLIN guarantees a whole multipart message is ready (delivery is atomic).
+            frames = self._sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
         return [frame.buffer for frame in frames]
 
     def _close(self) -> None:

@@ -177,11 +177,10 @@ def _edit_tokens(edit: Callable[[dict[str, np.ndarray]], None]) -> Mutation:
         part = b"".join(arrays[name].tobytes() for name in TRAJECTORY_ARRAYS)
         data = part + data[size:]
 
-        def digests(h: dict) -> None:
+        def digest(h: dict) -> None:
             h["body"]["trajectories"][0]["digest"] = _digest(part)
-            h["body"]["digest"] = _digest(data)
 
-        return resign([frames[0], frames[1], data], secret, digests)
+        return resign([frames[0], frames[1], data], secret, digest)
 
     return mutate
 
@@ -218,7 +217,6 @@ BAD: dict[str, tuple[Mutation, str]] = {
     "missing_last_frame": (lambda f, s: f[:-1], "truncated"),
     "header_only": (lambda f, s: f[:2], "truncated"),
     "extra_frame": (lambda f, s: [*f, b"\x00" * 8], "malformed"),
-    "flipped_bit_in_array": (lambda f, s: _flip_bit(f, 2), "bad_signature"),
     "flipped_bit_in_header": (lambda f, s: _flip_bit(f, 1), "bad_signature"),
     "wrong_secret": (_other_secret, "bad_signature"),
     "unknown_version_unsigned": (lambda f, s: _flip_version(f), "unknown_version"),
@@ -247,12 +245,17 @@ BAD: dict[str, tuple[Mutation, str]] = {
     "num_tokens_is_str": (_resigned(_set_traj("num_tokens", "12")), "wrong_type"),
     "offset_past_the_data": (_resigned(_set_traj("offset", 10**6)), "malformed"),
     "offsets_overlap": (_resigned(lambda h: h["body"]["trajectories"][1].update(offset=0)), "malformed"),
-    "group_digest_wrong": (_resigned(lambda h: h["body"].update(digest=bytes(32))), "bad_signature"),
+    "data_frame_cut_short": (lambda f, s: [*f[:2], bytes(f[2])[:-1]], "malformed"),
+    "data_frame_longer": (lambda f, s: [*f[:2], bytes(f[2]) + b"\x00"], "malformed"),
+    "version_negative": (_resigned(_set_traj("versions", [[-1, 3]])), "malformed"),
+    "reward_is_inf": (_resigned(_set_turn("reward", float("inf"))), "malformed"),
     "two_data_frames": (lambda f, s: resign([*f, f[2]], s, lambda h: h.update(frames=2)), "malformed"),
     "no_trajectories": (_resigned(lambda h: h["body"].update(trajectories=[])), "malformed"),
     "reward_is_nan": (_resigned(_set_turn("reward", float("nan"))), "malformed"),
     "format_penalty_is_inf": (_resigned(_set_traj("format_penalty", float("-inf"))), "malformed"),
 }
+"""What the driver refuses. It reads headers only: an altered data frame of the declared size passes it and
+is the learner's to refuse (``SHARD_BAD`` below, and the test after it)."""
 
 
 def _flip_version(frames: list) -> list:
@@ -345,6 +348,7 @@ SHARD_BAD: dict[str, tuple[Callable[..., list], str]] = {
     "negative_token_version": (lambda f, s: _forward(_set_in_array("token_versions", -7, True)(f, s), s),
                                "malformed"),
     "flipped_bit_in_forwarded_array": (lambda f, s: _flip_bit(_forward(f, s), 5), "bad_signature"),
+    "flipped_bit_before_the_driver": (lambda f, s: _forward(_flip_bit(f, 2), s), "bad_signature"),
     "swapped_source": (lambda f, s, other: _swap_source(_forward(f, s), s, other), "bad_signature"),
     "take_out_of_range": (lambda f, s: resign(_forward(f, s, (0,)), s, lambda h: h["body"]["sources"][0].update(
         take=[5])), "malformed"),
@@ -408,6 +412,25 @@ def test_receiver_counts_every_reject_and_keeps_receiving(msgs, secret):
     assert stats.rejected_total == sum(expected.values())
     metrics = stats.as_metrics()
     assert metrics["transport/received"] == 2.0 and "transport/rejected/bad_signature" in metrics
+    sender.close()
+    receiver.close()
+
+
+def test_a_receiver_fed_by_one_trusted_producer_raises_a_reject(msgs, secret):
+    """A learner's receiver: the shard whose forwarded bytes were altered stops the step with its reason
+    and the trajectory it names, counted like any reject; the next good message is received."""
+    sender, receiver = make_inproc_pair(secret)
+    group = msgs.group(size=2)
+    frames = [bytes(f) for f in encode(group, secret)]
+    data = bytearray(frames[2])
+    data[-1] ^= 1  # the last byte: the second trajectory's
+    sender.send_frames(_forward([*frames[:2], bytes(data)], secret))
+    sender.send_frames(_forward(frames, secret))
+    with pytest.raises(CodecError) as err:
+        receiver.receive(timeout_s=1, raise_rejects=True)
+    assert err.value.reason == "bad_signature" and repr(group.trajectories[1].traj_id) in str(err.value)
+    assert receiver.stats.rejected["bad_signature"] == 1
+    assert receiver.receive(timeout_s=1, raise_rejects=True).step == 3
     sender.close()
     receiver.close()
 
