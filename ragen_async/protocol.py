@@ -173,6 +173,8 @@ class Trajectory(_EpisodeFacts):
 
     def _check_shapes(self) -> None:
         n = self.token_ids.shape[0]
+        if self.loss_mask.shape == self.behaviour_logprobs.shape == self.token_versions.shape == (n,):
+            return  # the normal case, in one comparison (the codec checks every trajectory it sends or reads)
         for name in ("loss_mask", "behaviour_logprobs", "token_versions"):
             arr = getattr(self, name)
             if arr.ndim != 1 or arr.shape[0] != n:
@@ -201,8 +203,7 @@ def validate_many(trajs: Sequence[Trajectory]) -> list[VersionCounts]:
     if not trajs:
         return []
     for i, t in enumerate(trajs):
-        if not t.loss_mask.shape == t.behaviour_logprobs.shape == t.token_versions.shape == t.token_ids.shape[:1]:
-            _naming(i, t._check_shapes)
+        _naming(i, t._check_shapes)
     # One sum for all rewards: finite unless one is not (or, rarely, the sum overflows: then each is checked).
     if not math.isfinite(sum([t.format_penalty for t in trajs]) + sum([x.reward for t in trajs for x in t.turns])):
         for i, t in enumerate(trajs):
