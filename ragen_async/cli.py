@@ -224,7 +224,8 @@ def _print_bench(title: str, command: str, note: str, table: str, out: Path | No
 @bench_app.command("transport")
 def bench_transport_cmd(
     groups: Annotated[int, typer.Option(help="Sokoban-sized groups per run (paper-sized: a tenth)")] = 2000,
-    repeats: Annotated[int, typer.Option(help="runs of each path per shape (the table shows medians)")] = 3,
+    repeats: Annotated[int, typer.Option(help="runs of each path per shape and hop (medians, and means with "
+                                                "95 % intervals from 2 runs up)")] = 3,
     out: Annotated[Path | None, typer.Option(help="append the table to this markdown file")] = None,
 ) -> None:
     """Codec + ZeroMQ on loopback vs a raw send_multipart of the same bytes, two group sizes."""
@@ -235,8 +236,9 @@ def bench_transport_cmd(
     rows = bench_transport({SOKOBAN: groups, PAPER: max(1, groups // 10)}, repeats)
     hops = "\n".join(f"- {hop}: {what}" for hop, what in HOPS.items())
     _print_bench("Transport benchmark", f"ragen-async bench transport --groups {groups} --repeats {repeats}",
-                 f"sender and receiver: two processes on loopback TCP; median of {repeats} runs per path, "
-                 f"the paths alternating; raw = send_multipart / recv_multipart of the same frames\n\n{hops}",
+                 f"sender and receiver: two processes on loopback TCP; {repeats} runs per path, the paths "
+                 f"alternating (a pair: a project run and the raw run after it); medians, then means with 95 % "
+                 f"intervals; raw = send_multipart / recv_multipart of the same frames\n\n{hops}",
                  format_transport(rows), out)
 
 

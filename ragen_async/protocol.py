@@ -41,11 +41,14 @@ Finite = Annotated[float, msgspec.Meta(ge=-sys.float_info.max, le=sys.float_info
 infinities are refused (the driver filters and normalises on rewards and scores)."""
 
 
-class TurnRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class TurnRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """What happened in one turn of an episode (everything except the tokens themselves).
 
     A msgspec struct: it is also its own wire form, encoded and type-checked by msgspec in C (a group
     carries dozens of them, and checking them field by field in Python was most of the codec's cost).
+    ``gc=False`` (here and on the other received structs): none holds a reference that could lead back to
+    itself, so the cycle collector need not track them; with the collector on, a Sokoban group's header
+    decodes in about two thirds of the time (29 → 20 µs, alternating in one process, 2026-12-02).
     """
 
     reward: Finite
@@ -294,7 +297,7 @@ def _counts_of(versions: np.ndarray, mask: np.ndarray) -> VersionCounts:
     return tuple(zip((present + low).tolist(), counts[present].tolist(), strict=True))
 
 
-class TrajectoryMeta(msgspec.Struct, _EpisodeFacts, frozen=True):
+class TrajectoryMeta(msgspec.Struct, _EpisodeFacts, frozen=True, gc=False):
     """A received trajectory as the driver holds it: the scalar facts, the token summary the producer
     signed, and the per-token arrays still as the wire frames (forwarded to a learner untouched).
 
@@ -389,7 +392,7 @@ class TrajectoryGroup(_GroupFacts):
     """Wall time the last episode of the group finished."""
 
 
-class GroupMeta(msgspec.Struct, _GroupFacts, frozen=True):
+class GroupMeta(msgspec.Struct, _GroupFacts, frozen=True, gc=False):
     """A received group as the driver holds it (see :class:`TrajectoryMeta`); same fields as
     :class:`TrajectoryGroup`."""
 

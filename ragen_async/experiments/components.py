@@ -17,6 +17,7 @@ bytes in the same run (``ragen-async bench transport`` and ``ragen-async bench w
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import secrets
 import statistics
@@ -216,16 +217,29 @@ def bench_transport(groups: dict[GroupShape, int], repeats: int = 3, hops: tuple
 
 
 def format_transport(rows: list[TransportRow]) -> str:
-    lines = ["| groups | hop | MB per message | project MB/s | project groups/s | raw ZeroMQ MB/s | project / raw |",
-             "|---|---|---|---|---|---|---|"]
+    """Medians per path, and the mean with its 95 % interval of the per-run figures: the project's MB/s and
+    its ratio to the raw run made just after it (the paths alternate, so a pair shares the host's state)."""
+    from ragen_async.experiments.study import interval
+
+    lines = ["| groups | hop | MB per message | project MB/s | project groups/s | raw ZeroMQ MB/s | project / raw "
+             "| project MB/s, mean ± 95 % | project / raw per pair, mean ± 95 % (pairs) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for shape, hop in dict.fromkeys((r.shape, r.hop) for r in rows):
         project = [r for r in rows if (r.shape, r.hop, r.path) == (shape, hop, "project")]
         raw = [r for r in rows if (r.shape, r.hop, r.path) == (shape, hop, "raw")]
         p = statistics.median(r.mb_per_s for r in project)
         q = statistics.median(r.mb_per_s for r in raw)
+        rate, rate_half, _ = interval([r.mb_per_s for r in project])
+        ratio, ratio_half, pairs = interval([a.mb_per_s / b.mb_per_s for a, b in zip(project, raw, strict=True)])
         lines.append(f"| {shape} ({project[0].groups} per run) | {hop} | {project[0].mb_per_group:.3f} | {p:,.0f} | "
-                     f"{statistics.median(r.groups_per_s for r in project):,.0f} | {q:,.0f} | {p / q:.2f} |")
+                     f"{statistics.median(r.groups_per_s for r in project):,.0f} | {q:,.0f} | {p / q:.2f} | "
+                     f"{_plus_minus(rate, rate_half, ',.0f')} | {_plus_minus(ratio, ratio_half, '.2f')} ({pairs}) |")
     return "\n".join(lines)
+
+
+def _plus_minus(mean: float, half: float, spec: str) -> str:
+    """``mean ± half``, or the mean alone when there is no interval (one run)."""
+    return format(mean, spec) if math.isnan(half) else f"{format(mean, spec)} ± {format(half, spec)}"
 
 
 # ---- weight sync -----------------------------------------------------------------------------

@@ -129,7 +129,8 @@ class CodecError(ValueError):
 # --------------------------------------------------------------------------------------------------
 # Schema: the wire form of every header, as msgspec structs. msgspec decodes and type-checks them in C
 # (missing, unknown and wrongly typed fields are all refused, and values out of their range); what types
-# cannot say (versions in ascending order, sizes against the frames) is checked after.
+# cannot say (versions in ascending order, sizes against the frames) is checked after. None can be part
+# of a reference cycle, so none is tracked by the cycle collector (``gc=False``, see protocol.TurnRecord).
 
 _DIGEST_BYTES = 32
 _Size = Annotated[int, msgspec.Meta(ge=0)]
@@ -137,7 +138,7 @@ _Digest = Annotated[bytes, msgspec.Meta(min_length=_DIGEST_BYTES, max_length=_DI
 _VersionCount = tuple[Annotated[int, msgspec.Meta(ge=0)], Annotated[int, msgspec.Meta(ge=1)]]
 
 
-class _TrajectoryWire(msgspec.Struct, forbid_unknown_fields=True):
+class _TrajectoryWire(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     traj_id: str
     env_tag: str
     seed: int
@@ -157,13 +158,13 @@ class _TrajectoryWire(msgspec.Struct, forbid_unknown_fields=True):
     """BLAKE3 of its arrays (what a learner checks on the part forwarded to it)."""
 
 
-class _TrajsBody(msgspec.Struct, forbid_unknown_fields=True):
+class _TrajsBody(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     """A shard's source made from real trajectories."""
 
     trajectories: list[_TrajectoryWire]
 
 
-class _GroupBody(msgspec.Struct, forbid_unknown_fields=True):
+class _GroupBody(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     group_id: str
     index: int
     env_tag: str
@@ -174,14 +175,14 @@ class _GroupBody(msgspec.Struct, forbid_unknown_fields=True):
     trajectories: list[_TrajectoryWire]
 
 
-class _Source(msgspec.Struct, forbid_unknown_fields=True):
+class _Source(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     signature: bytes
     """The source message's signature (so a learner knows it got the source the driver chose)."""
     take: list[int]
     """Positions of the trajectories taken from it, ascending; their arrays follow its header."""
 
 
-class _ShardBody(msgspec.Struct, forbid_unknown_fields=True):
+class _ShardBody(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     step: int
     learner_version: int
     batch_num_tokens: int
@@ -193,7 +194,7 @@ class _ShardBody(msgspec.Struct, forbid_unknown_fields=True):
     sources: list[_Source]
 
 
-class _Header(msgspec.Struct, forbid_unknown_fields=True):
+class _Header(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     v: int
     kind: str
     frames: int

@@ -6,6 +6,7 @@ from ragen_async.experiments.components import (
     HOPS,
     SOKOBAN,
     GroupShape,
+    TransportRow,
     bench_transport,
     bench_weights_one,
     format_transport,
@@ -31,6 +32,21 @@ def test_transport_bench_moves_every_group_on_both_paths():
     assert all(r.seconds > 0 and r.mb_per_group > 0 for r in rows)
     table = format_transport(rows)
     assert all(f"| small (20 per run) | {hop} |" in table for hop in HOPS)
+    body = table.splitlines()[2:]
+    assert len(body) == len(HOPS) and all(" ± " not in line and line.endswith(" (1) |") for line in body)  # one pair
+
+
+def test_transport_table_pairs_each_project_run_with_the_raw_run_after_it():
+    def row(path: str, seconds: float) -> TransportRow:
+        return TransportRow("s", "driver receive", path, groups=100, mb_per_group=1.0, seconds=seconds)
+
+    # project 100, 200, 300 MB/s; raw 200, 200, 400: ratios 0.5, 1.0, 0.75 (mean 0.75, sd 0.25)
+    rows = [row("project", 1.0), row("raw", 0.5), row("project", 0.5), row("raw", 0.5), row("project", 1 / 3),
+            row("raw", 0.25)]
+    line = format_transport(rows).splitlines()[-1]
+    half = 4.302653 * 0.25 / 3 ** 0.5  # t(0.975, 2) * sd / sqrt(n)
+    assert line == (f"| s (100 per run) | driver receive | 1.000 | 200 | 200 | 200 | 1.00 | 200 ± 248 "
+                    f"| 0.75 ± {half:.2f} (3) |")
 
 
 def test_weights_bench_syncs_both_ways():
