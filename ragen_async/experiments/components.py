@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import os
 import secrets
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -104,6 +106,10 @@ class TransportRow:
     groups: int
     mb_per_group: float
     seconds: float
+    sender_cpu_s: float
+    """CPU time of the sender process (all its threads: ZeroMQ's I/O thread too) while the clock ran."""
+    receiver_cpu_s: float
+    """The same for the receiving process."""
 
     @property
     def groups_per_s(self) -> float:
@@ -130,8 +136,14 @@ def _frames(hop: str, group: TrajectoryGroup, secret: bytes) -> list:
     return [bytes(f) for f in encode(shard, secret)]
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds used so far by all threads of process ``pid`` (the scheduler's nanosecond count)."""
+    return sum(int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+               for tid in os.listdir(f"/proc/{pid}/task")) / 1e9
+
+
 def _transport_sender(hop: str, path: str, address: str, secret: bytes, shape: GroupShape, n: int,
-                      ready, go) -> None:  # noqa: ANN001 - multiprocessing events
+                      ready, go, done) -> None:  # noqa: ANN001 - multiprocessing events
     import zmq
 
     from ragen_async.transport.zmq_transport import ZmqSender
@@ -143,6 +155,7 @@ def _transport_sender(hop: str, path: str, address: str, secret: bytes, shape: G
         go.wait()
         for g in groups:
             sender.send(g)
+        done.wait()  # alive (and counted) until the receiver has everything
         sender.close()
         return
     frames = [_frames(hop, g, secret) for g in groups]
@@ -154,6 +167,7 @@ def _transport_sender(hop: str, path: str, address: str, secret: bytes, shape: G
     go.wait()
     for f in frames:
         sock.send_multipart(f, copy=False)
+    done.wait()
     sock.close()
 
 
@@ -166,7 +180,7 @@ def _transport_run(hop: str, path: str, shape: GroupShape, n: int) -> TransportR
     secret = secrets.token_bytes(32)
     mb = sum(len(f) for f in _frames(hop, synthetic_group(shape, 0), secret)) / 1e6
     ctx = mp.get_context("spawn")
-    ready, go = ctx.Event(), ctx.Event()
+    ready, go, done = ctx.Event(), ctx.Event(), ctx.Event()
     learner = hop == "driver → learner"
     if path == "project":
         receiver = ZmqReceiver.bind(secret, expected=BatchShard if learner else TrajectoryGroup,
@@ -178,11 +192,12 @@ def _transport_run(hop: str, path: str, shape: GroupShape, n: int) -> TransportR
         sock.setsockopt(zmq.LINGER, 0)
         sock.bind("tcp://127.0.0.1:*")
         address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-    proc = ctx.Process(target=_transport_sender, args=(hop, path, address, secret, shape, n, ready, go), daemon=True)
+    proc = ctx.Process(target=_transport_sender, args=(hop, path, address, secret, shape, n, ready, go, done),
+                       daemon=True)
     proc.start()
     if not ready.wait(300):
         raise RuntimeError("transport benchmark: the sender process did not start within 300 s")
-    t0 = time.perf_counter()
+    t0, sender0, receiver0 = time.perf_counter(), _cpu_s(proc.pid), _cpu_s(os.getpid())
     go.set()
     for i in range(n):
         if path == "project":
@@ -196,9 +211,11 @@ def _transport_run(hop: str, path: str, shape: GroupShape, n: int) -> TransportR
                 raise RuntimeError(f"transport benchmark: raw message {i} did not arrive within 60 s")
             sock.recv_multipart(copy=False)
     seconds = time.perf_counter() - t0
+    sender_cpu, receiver_cpu = _cpu_s(proc.pid) - sender0, _cpu_s(os.getpid()) - receiver0
+    done.set()
     proc.join(30)
     (receiver if path == "project" else sock).close()
-    return TransportRow(shape.name, hop, path, n, mb, seconds)
+    return TransportRow(shape.name, hop, path, n, mb, seconds, sender_cpu, receiver_cpu)
 
 
 def bench_transport(groups: dict[GroupShape, int], repeats: int = 3, hops: tuple[str, ...] = tuple(HOPS)
@@ -218,12 +235,14 @@ def bench_transport(groups: dict[GroupShape, int], repeats: int = 3, hops: tuple
 
 def format_transport(rows: list[TransportRow]) -> str:
     """Medians per path, and the mean with its 95 % interval of the per-run figures: the project's MB/s and
-    its ratio to the raw run made just after it (the paths alternate, so a pair shares the host's state)."""
+    its ratio to the raw run made just after it (the paths alternate, so a pair shares the host's state);
+    then what each end's process spent in CPU time per group (medians), which a busy host changes less."""
     from ragen_async.experiments.study import interval
 
     lines = ["| groups | hop | MB per message | project MB/s | project groups/s | raw ZeroMQ MB/s | project / raw "
-             "| project MB/s, mean ± 95 % | project / raw per pair, mean ± 95 % (pairs) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| project MB/s, mean ± 95 % | project / raw per pair, mean ± 95 % (pairs) "
+             "| CPU µs per group, sender / receiver: project | raw |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for shape, hop in dict.fromkeys((r.shape, r.hop) for r in rows):
         project = [r for r in rows if (r.shape, r.hop, r.path) == (shape, hop, "project")]
         raw = [r for r in rows if (r.shape, r.hop, r.path) == (shape, hop, "raw")]
@@ -233,8 +252,16 @@ def format_transport(rows: list[TransportRow]) -> str:
         ratio, ratio_half, pairs = interval([a.mb_per_s / b.mb_per_s for a, b in zip(project, raw, strict=True)])
         lines.append(f"| {shape} ({project[0].groups} per run) | {hop} | {project[0].mb_per_group:.3f} | {p:,.0f} | "
                      f"{statistics.median(r.groups_per_s for r in project):,.0f} | {q:,.0f} | {p / q:.2f} | "
-                     f"{_plus_minus(rate, rate_half, ',.0f')} | {_plus_minus(ratio, ratio_half, '.2f')} ({pairs}) |")
+                     f"{_plus_minus(rate, rate_half, ',.0f')} | {_plus_minus(ratio, ratio_half, '.2f')} ({pairs}) | "
+                     f"{_cpu_per_group(project)} | {_cpu_per_group(raw)} |")
     return "\n".join(lines)
+
+
+def _cpu_per_group(runs: list[TransportRow]) -> str:
+    """Median CPU µs per group of the sending and of the receiving process."""
+    def median_us(cpu_s: str) -> float:
+        return statistics.median(getattr(r, cpu_s) / r.groups for r in runs) * 1e6
+    return f"{median_us('sender_cpu_s'):,.0f} / {median_us('receiver_cpu_s'):,.0f}"
 
 
 def _plus_minus(mean: float, half: float, spec: str) -> str:
