@@ -29,7 +29,8 @@ def test_transport_bench_moves_every_group_on_both_paths():
     small = GroupShape("small", 2, prompt_tokens=10, turns=2, reply_tokens=3, feedback_tokens=4)
     rows = bench_transport({small: 20}, repeats=1)
     assert [(r.hop, r.path, r.groups) for r in rows] == [(hop, path, 20) for hop in HOPS for path in ("project", "raw")]
-    assert all(r.seconds > 0 and r.mb_per_group > 0 and r.sender_cpu_s > 0 and r.receiver_cpu_s > 0 for r in rows)
+    assert all(r.seconds > 0 and r.mb_per_group > 0 and r.sender_cpu_s > 0 and r.receiver_cpu_s > 0
+               and 0 < r.receiver_thread_cpu_s < r.receiver_cpu_s for r in rows)
     table = format_transport(rows)
     assert all(f"| small (20 per run) | {hop} |" in table for hop in HOPS)
     body = table.splitlines()[2:]
@@ -39,7 +40,7 @@ def test_transport_bench_moves_every_group_on_both_paths():
 def test_transport_table_pairs_each_project_run_with_the_raw_run_after_it():
     def row(path: str, seconds: float) -> TransportRow:
         return TransportRow("s", "driver receive", path, groups=100, mb_per_group=1.0, seconds=seconds,
-                            sender_cpu_s=seconds / 2, receiver_cpu_s=seconds)
+                            sender_cpu_s=seconds / 2, receiver_cpu_s=seconds, receiver_thread_cpu_s=seconds / 4)
 
     # project 100, 200, 300 MB/s; raw 200, 200, 400: ratios 0.5, 1.0, 0.75 (mean 0.75, sd 0.25)
     rows = [row("project", 1.0), row("raw", 0.5), row("project", 0.5), row("raw", 0.5), row("project", 1 / 3),
@@ -47,7 +48,7 @@ def test_transport_table_pairs_each_project_run_with_the_raw_run_after_it():
     line = format_transport(rows).splitlines()[-1]
     half = 4.302653 * 0.25 / 3 ** 0.5  # t(0.975, 2) * sd / sqrt(n)
     assert line == (f"| s (100 per run) | driver receive | 1.000 | 200 | 200 | 200 | 1.00 | 200 ± 248 "
-                    f"| 0.75 ± {half:.2f} (3) | 2,500 / 5,000 | 2,500 / 5,000 |")
+                    f"| 0.75 ± {half:.2f} (3) | 2,500 / 5,000 (1,250) | 2,500 / 5,000 (1,250) |")
 
 
 def test_weights_bench_syncs_both_ways():
