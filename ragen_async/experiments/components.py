@@ -6,7 +6,8 @@ bytes in the same run (``ragen-async bench transport`` and ``ragen-async bench w
   alone; the driver's forwarded shard and a learner decoding it), and, separately, the already-encoded
   frames of the same messages through a bare PUSH/PULL pair (``send_multipart`` /
   ``recv_multipart(copy=False)``). The clock runs on the receiver, from the sender's start signal to the
-  last message received.
+  last message received; over the same span each process's CPU time is read (all its threads), and the
+  receiving thread's own.
 * **Weight sync.** One receiver process joins the gloo weight group. Each repetition is timed on the
   publisher until a barrier after the receiver finished: the project's ``GlooBroadcastPublisher.publish``
   (header, then the buckets: sent in place when the tensors lie in one flat buffer per dtype, as the
@@ -140,9 +141,15 @@ def _frames(hop: str, group: TrajectoryGroup, secret: bytes) -> list:
 
 
 def _cpu_s(pid: int) -> float:
-    """CPU seconds used so far by all threads of process ``pid`` (the scheduler's nanosecond count)."""
-    return sum(int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
-               for tid in os.listdir(f"/proc/{pid}/task")) / 1e9
+    """CPU seconds used so far by all threads of process ``pid``: Linux's scheduler counts (nanoseconds),
+    elsewhere psutil's user + system time (clock ticks)."""
+    tasks = Path(f"/proc/{pid}/task")
+    if not tasks.is_dir():
+        import psutil
+
+        times = psutil.Process(pid).cpu_times()
+        return times.user + times.system
+    return sum(int((task / "schedstat").read_text().split()[0]) for task in tasks.iterdir()) / 1e9
 
 
 def _transport_sender(hop: str, path: str, address: str, secret: bytes, shape: GroupShape, n: int,

@@ -1,7 +1,10 @@
 """The component benchmarks run end to end on small inputs (they measure; nothing here times them)."""
 
+import os
+
 import torch
 
+from ragen_async.experiments import components
 from ragen_async.experiments.components import (
     HOPS,
     SOKOBAN,
@@ -49,6 +52,13 @@ def test_transport_table_pairs_each_project_run_with_the_raw_run_after_it():
     half = 4.302653 * 0.25 / 3 ** 0.5  # t(0.975, 2) * sd / sqrt(n)
     assert line == (f"| s (100 per run) | driver receive | 1.000 | 200 | 200 | 200 | 1.00 | 200 ± 248 "
                     f"| 0.75 ± {half:.2f} (3) | 2,500 / 5,000 (1,250) | 2,500 / 5,000 (1,250) |")
+
+
+def test_process_cpu_time_without_proc_comes_from_psutil(monkeypatch):
+    linux = components._cpu_s(os.getpid())
+    monkeypatch.setattr(components.Path, "is_dir", lambda self: False)  # as on macOS: no /proc
+    elsewhere = components._cpu_s(os.getpid())
+    assert linux > 0 and abs(elsewhere - linux) < 0.5  # the same clock, read in ticks
 
 
 def test_weights_bench_syncs_both_ways():
