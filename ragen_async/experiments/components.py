@@ -18,7 +18,6 @@ bytes in the same run (``ragen-async bench transport`` and ``ragen-async bench w
 
 from __future__ import annotations
 
-import math
 import multiprocessing as mp
 import os
 import secrets
@@ -248,7 +247,7 @@ def format_transport(rows: list[TransportRow]) -> str:
     """Medians per path, and the mean with its 95 % interval of the per-run figures: the project's MB/s and
     its ratio to the raw run made just after it (the paths alternate, so a pair shares the host's state);
     then what each end's process spent in CPU time per group (medians), which a busy host changes less."""
-    from ragen_async.experiments.study import interval
+    from ragen_async.experiments.study import format_mean_ci, interval
 
     lines = ["| groups | hop | MB per message | project MB/s | project groups/s | raw ZeroMQ MB/s | project / raw "
              "| project MB/s, mean ± 95 % | project / raw per pair, mean ± 95 % (pairs) "
@@ -263,7 +262,7 @@ def format_transport(rows: list[TransportRow]) -> str:
         ratio, ratio_half, pairs = interval([a.mb_per_s / b.mb_per_s for a, b in zip(project, raw, strict=True)])
         lines.append(f"| {shape} ({project[0].groups} per run) | {hop} | {project[0].mb_per_group:.3f} | {p:,.0f} | "
                      f"{statistics.median(r.groups_per_s for r in project):,.0f} | {q:,.0f} | {p / q:.2f} | "
-                     f"{_plus_minus(rate, rate_half, ',.0f')} | {_plus_minus(ratio, ratio_half, '.2f')} ({pairs}) | "
+                     f"{format_mean_ci(rate, rate_half, ',.0f')} | {format_mean_ci(ratio, ratio_half, '.2f')} ({pairs}) | "
                      f"{_cpu_per_group(project)} | {_cpu_per_group(raw)} |")
     return "\n".join(lines)
 
@@ -274,11 +273,6 @@ def _cpu_per_group(runs: list[TransportRow]) -> str:
         return statistics.median(getattr(r, cpu_s) / r.groups for r in runs) * 1e6
     return (f"{median_us('sender_cpu_s'):,.0f} / {median_us('receiver_cpu_s'):,.0f} "
             f"({median_us('receiver_thread_cpu_s'):,.0f})")
-
-
-def _plus_minus(mean: float, half: float, spec: str) -> str:
-    """``mean ± half``, or the mean alone when there is no interval (one run)."""
-    return format(mean, spec) if math.isnan(half) else f"{format(mean, spec)} ± {format(half, spec)}"
 
 
 # ---- weight sync -----------------------------------------------------------------------------
