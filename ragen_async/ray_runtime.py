@@ -137,7 +137,7 @@ class RayRuntime(Runtime):
         data = cfg.model_dump(mode="json")
         data["weight_sync"]["backend"] = self.weight_backend  # resolved once, here, for every actor
         self._actor_cfg = data
-        secret = secrets.token_bytes(32)  # per-run HMAC key: nothing outside the run can inject data
+        secret = secrets.token_bytes(32)  # per-run MAC secret: nothing outside the run can inject data
         self.receiver = make_receiver(cfg.transport.kind, bind_address(cfg.transport.host), secret,
                                       hwm=cfg.transport.high_water_mark, expected=TrajectoryGroup,
                                       max_message_bytes=int(cfg.transport.max_message_mb * 2**20))

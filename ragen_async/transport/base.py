@@ -169,7 +169,7 @@ class MessageReceiver(_Endpoint):
     ) -> None:
         """
         Args:
-            secret: the per-run HMAC key.
+            secret: the per-run secret (the codec derives its MAC key from it).
             max_message_bytes: larger messages (all frames together) are rejected as ``oversized``.
             expected: the message kinds accepted; others are rejected as ``wrong_type``.
             replay_window: how many accepted messages' signatures are remembered; a valid message whose
@@ -220,7 +220,7 @@ class MessageReceiver(_Endpoint):
             if raise_rejects:
                 raise
             return None
-        # The signature is an HMAC of the header, which names every other byte (by digest), so equal
+        # The signature is a MAC of the header, which names every other byte (by digest), so equal
         # signatures mean the same message, and
         # only messages that passed verification are remembered (nobody can fill the window without the key).
         signature = bytes(memoryview(frames[0]))  # type: ignore[arg-type]

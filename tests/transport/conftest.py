@@ -3,11 +3,61 @@
 from __future__ import annotations
 
 import secrets
+from typing import Any
 
+import msgpack
+import msgspec
 import numpy as np
 import pytest
 
 from ragen_async.protocol import NO_VERSION, BatchShard, GroupMeta, Trajectory, TrajectoryGroup, TurnRecord
+from ragen_async.transport.codec import _BODIES
+
+
+class Fields(dict):
+    """A struct written as an array on the wire, as a map from its field names (what tests edit by name)."""
+
+    def __init__(self, cls: type, values: dict[str, Any]) -> None:
+        super().__init__(values)
+        self.cls = cls
+
+
+def _as_maps(value: Any, info: msgspec.inspect.Type) -> Any:
+    if isinstance(info, msgspec.inspect.StructType) and isinstance(value, list):
+        return Fields(info.cls, {f.name: _as_maps(v, f.type) for f, v in zip(info.fields, value, strict=False)})
+    if isinstance(info, (msgspec.inspect.ListType, msgspec.inspect.VarTupleType)) and isinstance(value, list):
+        return [_as_maps(v, info.item_type) for v in value]
+    return value
+
+
+def _as_arrays(value: Any) -> Any:
+    """Inverse of :func:`_as_maps`: fields in declaration order up to the first one missing (a removed field
+    makes the array short), then any added ones (which make it long)."""
+    if isinstance(value, Fields):
+        names, out = value.cls.__struct_fields__, []
+        for name in names:
+            if name not in value:
+                break
+            out.append(_as_arrays(value[name]))
+        return out + [_as_arrays(v) for k, v in value.items() if k not in names]
+    if isinstance(value, list):
+        return [_as_arrays(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_arrays(v) for k, v in value.items()}
+    return value
+
+
+def header_maps(frame: object) -> dict:
+    """A received header with its body (an array, as every struct inside it) turned into maps by field name."""
+    header = msgpack.unpackb(bytes(frame), raw=False)  # type: ignore[call-overload]
+    if isinstance(header, dict) and header.get("kind") in _BODIES:
+        header["body"] = _as_maps(header["body"], msgspec.inspect.type_info(_BODIES[header["kind"]]))
+    return header
+
+
+def pack_header(header: dict) -> bytes:
+    """:func:`header_maps` undone (edits included), packed as the codec packs a header."""
+    return msgpack.packb(_as_arrays(header), use_bin_type=True)
 
 
 def make_trajectory(rng: np.random.Generator, group_id: str, i: int, num_turns: int = 3) -> Trajectory:

@@ -24,7 +24,7 @@ from ragen_async.protocol import (
 )
 from ragen_async.transport import CodecError, decode, encode, make_inproc_pair
 from ragen_async.transport.codec import CODEC_VERSION, REJECT_REASONS, _check_schema_covers, _digest, sign
-from tests.transport.conftest import make_trajectory
+from tests.transport.conftest import header_maps, make_trajectory, pack_header
 
 # ----------------------------------------------------------------------------------------------------
 # Round trips
@@ -45,8 +45,10 @@ def test_shard_round_trip_is_bit_exact(msgs, secret):
 def test_frame_layout(msgs, secret):
     group = msgs.group(size=2)
     frames = encode(group, secret)
-    assert len(frames[0]) == 32  # HMAC-SHA256
-    header = msgpack.unpackb(frames[1], raw=False)
+    assert len(frames[0]) == 32 and bytes(frames[0]) == sign(secret, frames[1])  # keyed BLAKE3 of the header
+    raw = msgpack.unpackb(frames[1], raw=False)
+    assert isinstance(raw["body"], list) and isinstance(raw["body"][-1][0], list)  # bodies travel as arrays
+    header = header_maps(frames[1])
     assert header["v"] == CODEC_VERSION and header["kind"] == "group" and header["frames"] == 1
     assert len(frames) == 2 + 1  # one data frame: each trajectory's four arrays back to back, widest first
     parts = [b"".join(getattr(t, name).tobytes() for name in TRAJECTORY_ARRAYS) for t in group.trajectories]
@@ -128,10 +130,12 @@ def test_schema_guard_catches_protocol_drift():
 Mutation = Callable[[list, bytes], list]
 
 
-def _flip_bit(frames: list, index: int) -> list:
+def _flip_bit(frames: list, index: int, within: bytes = b"") -> list:
+    """Flip one bit of frame ``index``: in its middle, or in the first occurrence of ``within`` (a header's
+    string, so that it still parses)."""
     out = [bytes(f) for f in frames]
     damaged = bytearray(out[index])
-    damaged[len(damaged) // 2] ^= 0x10
+    damaged[out[index].index(within) if within else len(damaged) // 2] ^= 0x10
     out[index] = bytes(damaged)
     return out
 
@@ -151,10 +155,11 @@ def _set_turn(field: str, value: object) -> Callable[[dict], None]:
 
 
 def resign(frames: list, secret: bytes, edit: Callable[[dict], None]) -> list[bytes]:
-    """Edit the header map, re-pack it and sign again with the right secret (a trusted-but-buggy peer)."""
-    header = msgpack.unpackb(bytes(frames[1]), raw=False)
+    """Edit the header (its body as maps), re-pack it and sign again with the right secret (a
+    trusted-but-buggy peer)."""
+    header = header_maps(frames[1])
     edit(header)
-    packed = msgpack.packb(header, use_bin_type=True)
+    packed = pack_header(header)
     arrays = [bytes(f) for f in frames[2:]]
     return [sign(secret, packed), packed, *arrays]
 
@@ -168,7 +173,7 @@ def _edit_tokens(edit: Callable[[dict[str, np.ndarray]], None]) -> Mutation:
     header stays true to the bytes, the bytes break an invariant only ``Trajectory.validate`` can see."""
 
     def mutate(frames: list, secret: bytes) -> list:
-        header = msgpack.unpackb(bytes(frames[1]), raw=False)
+        header = header_maps(frames[1])
         traj = header["body"]["trajectories"][0]  # its arrays open the data frame
         size = traj["num_tokens"] * TOKEN_FRAME_BYTES
         data = bytes(frames[2])
@@ -217,7 +222,7 @@ BAD: dict[str, tuple[Mutation, str]] = {
     "missing_last_frame": (lambda f, s: f[:-1], "truncated"),
     "header_only": (lambda f, s: f[:2], "truncated"),
     "extra_frame": (lambda f, s: [*f, b"\x00" * 8], "malformed"),
-    "flipped_bit_in_header": (lambda f, s: _flip_bit(f, 1), "bad_signature"),
+    "flipped_bit_in_header": (lambda f, s: _flip_bit(f, 1, within=b"g0000"), "bad_signature"),  # the group id
     "wrong_secret": (_other_secret, "bad_signature"),
     "unknown_version_unsigned": (lambda f, s: _flip_version(f), "unknown_version"),
     "unknown_version_signed": (_resigned(lambda h: h.update(v=CODEC_VERSION + 1)), "unknown_version"),
@@ -236,7 +241,9 @@ BAD: dict[str, tuple[Mutation, str]] = {
     "turns_is_str": (_resigned(_set_traj("turns", "turn")), "wrong_type"),
     "actions_hold_int": (_resigned(_set_turn("actions", ["up", 3])), "wrong_type"),
     "reward_is_ext_type": (_resigned(_set_turn("reward", msgpack.ExtType(1, b"x"))), "wrong_type"),
-    "missing_field": (_resigned(lambda h: h["body"]["trajectories"][0].pop("env_tag")), "malformed"),
+    "missing_field": (_resigned(lambda h: h["body"]["trajectories"][0].pop("digest")), "malformed"),
+    "missing_middle_field": (_resigned(lambda h: h["body"]["trajectories"][0].pop("env_tag")), "malformed"),
+    "body_as_a_map": (_resigned(lambda h: h.update(body=dict(h["body"]))), "wrong_type"),
     "unexpected_field": (_resigned(_set_traj("pickled", b"\x80\x04")), "malformed"),
     "num_tokens_too_many": (_resigned(_set_traj("num_tokens", 10**6)), "malformed"),
     "num_tokens_one_short": (_resigned(lambda h: h["body"]["trajectories"][0].update(
@@ -259,9 +266,9 @@ is the learner's to refuse (``SHARD_BAD`` below, and the test after it)."""
 
 
 def _flip_version(frames: list) -> list:
-    header = msgpack.unpackb(bytes(frames[1]), raw=False)
+    header = header_maps(frames[1])
     header["v"] = 99
-    return [frames[0], msgpack.packb(header, use_bin_type=True), *frames[2:]]
+    return [frames[0], pack_header(header), *frames[2:]]
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

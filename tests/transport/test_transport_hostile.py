@@ -29,7 +29,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-import msgpack
 import numpy as np
 import pytest
 import zmq
@@ -37,6 +36,7 @@ import zmq
 from ragen_async.protocol import TrajectoryGroup
 from ragen_async.transport.codec import encode, sign
 from ragen_async.transport.zmq_transport import ZmqReceiver, ZmqSender
+from tests.transport.conftest import header_maps, pack_header
 
 CAP = 64 * 1024
 """The receiver's max_message_bytes (and so its per-frame MAXMSGSIZE) in this test."""
@@ -63,7 +63,7 @@ def rss_bytes() -> int:
 
 
 def _header(frames: Frames) -> dict:
-    return msgpack.unpackb(frames[1], raw=False)
+    return header_maps(frames[1])
 
 
 def _resign(frames: Frames, secret: bytes, edit: Callable[[dict, list[bytearray]], None]) -> Frames:
@@ -72,7 +72,7 @@ def _resign(frames: Frames, secret: bytes, edit: Callable[[dict, list[bytearray]
     arrays = [bytearray(f) for f in frames[2:]]
     edit(header, arrays)
     arrays_b = [bytes(a) for a in arrays]
-    packed = msgpack.packb(header, use_bin_type=True)
+    packed = pack_header(header)
     return [sign(secret, packed), packed, *arrays_b]
 
 
@@ -186,7 +186,7 @@ KINDS: dict[str, tuple[Callable[..., Frames], str]] = {
     "random_signature": (lambda rng, v, s, sent: [rng.bytes(32), *v[1:]], "bad_signature"),
     "flipped_bit": (flipped_bit, "bad_signature"),
     "unknown_version_unsigned": (
-        lambda rng, v, s, sent: [v[0], msgpack.packb({**_header(v), "v": 99}, use_bin_type=True), *v[2:]],
+        lambda rng, v, s, sent: [v[0], pack_header({**_header(v), "v": 99}), *v[2:]],
         "unknown_version",
     ),
     # validly signed, values out of range (what only the arrays show is the learner's check: see
