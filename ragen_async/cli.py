@@ -208,6 +208,10 @@ def bench_pipeline_cmd(
                  "pinned = rollout actors+engines and learner ranks on disjoint CPU sets; unpinned = shared.", table, out)
 
 
+def _cpu_list(cpus: tuple[int, ...]) -> str:
+    return ",".join(map(str, cpus)) or "?"
+
+
 def _print_bench(title: str, command: str, note: str, table: str, out: Path | None) -> None:
     """Print a benchmark's tables under the machine, the command and a note, and (``out``) append them
     to a markdown file under a dated heading."""
@@ -226,6 +230,8 @@ def bench_transport_cmd(
     groups: Annotated[int, typer.Option(help="Sokoban-sized groups per run (paper-sized: a tenth)")] = 2000,
     repeats: Annotated[int, typer.Option(help="runs of each path per shape and hop (medians, and means with "
                                                 "95 % intervals from 2 runs up)")] = 3,
+    pin: Annotated[bool, typer.Option(help="sender and receiver on disjoint halves of the CPUs, as on two "
+                                           "machines (default: they share every core)")] = False,
     out: Annotated[Path | None, typer.Option(help="append the table to this markdown file")] = None,
 ) -> None:
     """Codec + ZeroMQ on loopback vs a raw send_multipart of the same bytes, two group sizes."""
@@ -233,10 +239,15 @@ def bench_transport_cmd(
 
     if groups < 10 or repeats < 1:
         raise typer.BadParameter("--groups must be >= 10 and --repeats >= 1")
-    rows = bench_transport({SOKOBAN: groups, PAPER: max(1, groups // 10)}, repeats)
+    try:
+        rows = bench_transport({SOKOBAN: groups, PAPER: max(1, groups // 10)}, repeats, pin=pin)
+    except RuntimeError as e:
+        _fail(str(e))
     hops = "\n".join(f"- {hop}: {what}" for hop, what in HOPS.items())
-    _print_bench("Transport benchmark", f"ragen-async bench transport --groups {groups} --repeats {repeats}",
-                 f"sender and receiver: two processes on loopback TCP; {repeats} runs per path, the paths "
+    cpus = f"sender on CPUs {_cpu_list(rows[0].sender_cpus)}, receiver on CPUs {_cpu_list(rows[0].receiver_cpus)}"
+    _print_bench("Transport benchmark", f"ragen-async bench transport --groups {groups} --repeats {repeats}"
+                 + (" --pin" if pin else ""),
+                 f"sender and receiver: two processes on loopback TCP ({cpus}); {repeats} runs per path, the paths "
                  f"alternating (a pair: a project run and the raw run after it); medians, then means with 95 % "
                  f"intervals; raw = send_multipart / recv_multipart of the same frames\n\n{hops}",
                  format_transport(rows), out)

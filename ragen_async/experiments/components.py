@@ -7,7 +7,8 @@ bytes in the same run (``ragen-async bench transport`` and ``ragen-async bench w
   frames of the same messages through a bare PUSH/PULL pair (``send_multipart`` /
   ``recv_multipart(copy=False)``). The clock runs on the receiver, from the sender's start signal to the
   last message received; over the same span each process's CPU time is read (all its threads), and the
-  receiving thread's own.
+  receiving thread's own. With ``pin`` the two ends run on disjoint halves of the CPUs (ZeroMQ's I/O
+  threads with them), as two machines of a cluster would, where otherwise they share every core.
 * **Weight sync.** One receiver process joins the gloo weight group. Each repetition is timed on the
   publisher until a barrier after the receiver finished: the project's ``GlooBroadcastPublisher.publish``
   (header, then the buckets: sent in place when the tensors lie in one flat buffer per dtype, as the
@@ -113,6 +114,10 @@ class TransportRow:
     receiver_thread_cpu_s: float
     """CPU time of the receiver's own thread (the Python that receives and decodes; the rest of
     ``receiver_cpu_s`` is ZeroMQ's I/O thread)."""
+    sender_cpus: tuple[int, ...] = ()
+    """The CPUs the sender process ran on, read from it while it ran (every CPU the host allows if unpinned)."""
+    receiver_cpus: tuple[int, ...] = ()
+    """The CPUs the receiving process ran on."""
 
     @property
     def groups_per_s(self) -> float:
@@ -151,8 +156,32 @@ def _cpu_s(pid: int) -> float:
     return sum(int((task / "schedstat").read_text().split()[0]) for task in tasks.iterdir()) / 1e9
 
 
+def split_cpus() -> tuple[set[int], set[int]]:
+    """The CPUs this process may use, halved: the sender's (first half) and the receiver's."""
+    if not hasattr(os, "sched_setaffinity"):
+        raise RuntimeError("pinning needs os.sched_setaffinity (Linux)")
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise RuntimeError(f"pinning needs at least 2 CPUs, this process may use {len(cpus)}")
+    return set(cpus[: len(cpus) // 2]), set(cpus[len(cpus) // 2 :])
+
+
+def _affinity(pid: int) -> tuple[int, ...]:
+    """The CPUs process ``pid`` (0: this one) may run on; empty where the OS does not say (macOS)."""
+    return tuple(sorted(os.sched_getaffinity(pid))) if hasattr(os, "sched_getaffinity") else ()
+
+
+def _pin_this_process(cpus: set[int]) -> None:
+    """Every thread of this process (ZeroMQ's I/O threads included) on ``cpus``; threads started later
+    inherit it from the thread that starts them."""
+    for task in Path("/proc/self/task").iterdir():
+        os.sched_setaffinity(int(task.name), cpus)
+
+
 def _transport_sender(hop: str, path: str, address: str, secret: bytes, shape: GroupShape, n: int,
-                      ready, go, done) -> None:  # noqa: ANN001 - multiprocessing events
+                      cpus: set[int] | None, ready, go, done) -> None:  # noqa: ANN001 - multiprocessing events
+    if cpus:
+        os.sched_setaffinity(0, cpus)  # before ZeroMQ starts its I/O thread, which inherits it
     import zmq
 
     from ragen_async.transport.zmq_transport import ZmqSender
@@ -180,7 +209,8 @@ def _transport_sender(hop: str, path: str, address: str, secret: bytes, shape: G
     sock.close()
 
 
-def _transport_run(hop: str, path: str, shape: GroupShape, n: int) -> TransportRow:
+def _transport_run(hop: str, path: str, shape: GroupShape, n: int, sender_cpus: set[int] | None = None
+                   ) -> TransportRow:
     import zmq
 
     from ragen_async.protocol import BatchShard
@@ -201,11 +231,12 @@ def _transport_run(hop: str, path: str, shape: GroupShape, n: int) -> TransportR
         sock.setsockopt(zmq.LINGER, 0)
         sock.bind("tcp://127.0.0.1:*")
         address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-    proc = ctx.Process(target=_transport_sender, args=(hop, path, address, secret, shape, n, ready, go, done),
-                       daemon=True)
+    proc = ctx.Process(target=_transport_sender,
+                       args=(hop, path, address, secret, shape, n, sender_cpus, ready, go, done), daemon=True)
     proc.start()
     if not ready.wait(300):
         raise RuntimeError("transport benchmark: the sender process did not start within 300 s")
+    cpus = (_affinity(proc.pid), _affinity(0))
     t0, sender0, receiver0, thread0 = time.perf_counter(), _cpu_s(proc.pid), _cpu_s(os.getpid()), time.thread_time()
     go.set()
     for i in range(n):
@@ -225,21 +256,31 @@ def _transport_run(hop: str, path: str, shape: GroupShape, n: int) -> TransportR
     done.set()
     proc.join(30)
     (receiver if path == "project" else sock).close()
-    return TransportRow(shape.name, hop, path, n, mb, seconds, sender_cpu, receiver_cpu, thread_cpu)
+    return TransportRow(shape.name, hop, path, n, mb, seconds, sender_cpu, receiver_cpu, thread_cpu, *cpus)
 
 
-def bench_transport(groups: dict[GroupShape, int], repeats: int = 3, hops: tuple[str, ...] = tuple(HOPS)
-                    ) -> list[TransportRow]:
-    """Project path and raw PUSH/PULL, alternating, ``repeats`` times per shape and hop; every run is returned."""
+def bench_transport(groups: dict[GroupShape, int], repeats: int = 3, hops: tuple[str, ...] = tuple(HOPS),
+                    pin: bool = False) -> list[TransportRow]:
+    """Project path and raw PUSH/PULL, alternating, ``repeats`` times per shape and hop; every run is returned.
+    ``pin``: the sender on the first half of this process's CPUs, the receiver (this process) on the other
+    half, for the whole benchmark (restored after)."""
     unknown = set(hops) - set(HOPS)
     if unknown:
         raise ValueError(f"unknown hop(s) {sorted(unknown)}; valid: {', '.join(HOPS)}")
+    sender_cpus, receiver_cpus = split_cpus() if pin else (None, None)
+    allowed = os.sched_getaffinity(0)
     rows = []
-    for shape, n in groups.items():
-        for hop in hops:
-            for _ in range(repeats):
-                for path in ("project", "raw"):
-                    rows.append(_transport_run(hop, path, shape, n))
+    try:
+        if receiver_cpus:
+            _pin_this_process(receiver_cpus)
+        for shape, n in groups.items():
+            for hop in hops:
+                for _ in range(repeats):
+                    for path in ("project", "raw"):
+                        rows.append(_transport_run(hop, path, shape, n, sender_cpus))
+    finally:
+        if receiver_cpus:
+            _pin_this_process(allowed)
     return rows
 
 

@@ -40,6 +40,19 @@ def test_transport_bench_moves_every_group_on_both_paths():
     assert len(body) == len(HOPS) and all(" ± " not in line and " (1) | " in line for line in body)  # one pair
 
 
+def test_pinned_transport_bench_runs_the_ends_on_disjoint_cpus():
+    small = GroupShape("small", 2, prompt_tokens=10, turns=2, reply_tokens=3, feedback_tokens=4)
+    allowed = os.sched_getaffinity(0)
+    unpinned = bench_transport({small: 10}, repeats=1, hops=("driver receive",))
+    assert all(set(r.sender_cpus) == set(r.receiver_cpus) == allowed for r in unpinned)
+    rows = bench_transport({small: 10}, repeats=1, hops=("driver receive",), pin=True)
+    sender, receiver = components.split_cpus()
+    assert sender and receiver and not sender & receiver and sender | receiver == allowed
+    assert [(set(r.sender_cpus), set(r.receiver_cpus)) for r in rows] == [(sender, receiver)] * 2  # project, raw
+    assert all(r.groups == 10 and r.receiver_thread_cpu_s > 0 for r in rows)
+    assert os.sched_getaffinity(0) == allowed  # restored
+
+
 def test_transport_table_pairs_each_project_run_with_the_raw_run_after_it():
     def row(path: str, seconds: float) -> TransportRow:
         return TransportRow("s", "driver receive", path, groups=100, mb_per_group=1.0, seconds=seconds,
