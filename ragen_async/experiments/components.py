@@ -19,6 +19,7 @@ bytes in the same run (``ragen-async bench transport`` and ``ragen-async bench w
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import secrets
@@ -175,7 +176,8 @@ def _pin_this_process(cpus: set[int]) -> None:
     """Every thread of this process (ZeroMQ's I/O threads included) on ``cpus``; threads started later
     inherit it from the thread that starts them."""
     for task in Path("/proc/self/task").iterdir():
-        os.sched_setaffinity(int(task.name), cpus)
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended since the listing
+            os.sched_setaffinity(int(task.name), cpus)
 
 
 def _transport_sender(hop: str, path: str, address: str, secret: bytes, shape: GroupShape, n: int,
