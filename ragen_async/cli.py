@@ -241,7 +241,7 @@ def bench_transport_cmd(
         raise typer.BadParameter("--groups must be >= 10 and --repeats >= 1")
     try:
         rows = bench_transport({SOKOBAN: groups, PAPER: max(1, groups // 10)}, repeats, pin=pin)
-    except RuntimeError as e:
+    except ValueError as e:  # --pin where it cannot pin
         _fail(str(e))
     hops = "\n".join(f"- {hop}: {what}" for hop, what in HOPS.items())
     cpus = f"sender on CPUs {_cpu_list(rows[0].sender_cpus)}, receiver on CPUs {_cpu_list(rows[0].receiver_cpus)}"

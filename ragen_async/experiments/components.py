@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ragen_async.experiments.bench import split_cpus
 from ragen_async.protocol import NO_VERSION, Trajectory, TrajectoryGroup, TurnRecord
 
 
@@ -157,16 +158,6 @@ def _cpu_s(pid: int) -> float:
     return sum(int((task / "schedstat").read_text().split()[0]) for task in tasks.iterdir()) / 1e9
 
 
-def split_cpus() -> tuple[set[int], set[int]]:
-    """The CPUs this process may use, halved: the sender's (first half) and the receiver's."""
-    if not hasattr(os, "sched_setaffinity"):
-        raise RuntimeError("pinning needs os.sched_setaffinity (Linux)")
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        raise RuntimeError(f"pinning needs at least 2 CPUs, this process may use {len(cpus)}")
-    return set(cpus[: len(cpus) // 2]), set(cpus[len(cpus) // 2 :])
-
-
 def _affinity(pid: int) -> tuple[int, ...]:
     """The CPUs process ``pid`` (0: this one) may run on; empty where the OS does not say (macOS)."""
     return tuple(sorted(os.sched_getaffinity(pid))) if hasattr(os, "sched_getaffinity") else ()
@@ -264,12 +255,16 @@ def _transport_run(hop: str, path: str, shape: GroupShape, n: int, sender_cpus: 
 def bench_transport(groups: dict[GroupShape, int], repeats: int = 3, hops: tuple[str, ...] = tuple(HOPS),
                     pin: bool = False) -> list[TransportRow]:
     """Project path and raw PUSH/PULL, alternating, ``repeats`` times per shape and hop; every run is returned.
-    ``pin``: the sender on the first half of this process's CPUs, the receiver (this process) on the other
-    half, for the whole benchmark (restored after)."""
+    ``pin``: the sender and the receiver (this process) on the two halves of this process's CPUs
+    (:func:`~ragen_async.experiments.bench.split_cpus`), for the whole benchmark (restored after)."""
     unknown = set(hops) - set(HOPS)
     if unknown:
         raise ValueError(f"unknown hop(s) {sorted(unknown)}; valid: {', '.join(HOPS)}")
-    sender_cpus, receiver_cpus = split_cpus() if pin else (None, None)
+    sender_cpus = receiver_cpus = None
+    if pin:
+        if not hasattr(os, "sched_setaffinity"):
+            raise ValueError("pinning needs os.sched_setaffinity (Linux)")
+        sender_cpus, receiver_cpus = map(set, split_cpus(sorted(os.sched_getaffinity(0))))
     allowed = os.sched_getaffinity(0)
     rows = []
     try:
