@@ -90,8 +90,9 @@ class RayRuntime(Runtime):
     HEALTH_CHECK_S = 2.0
     """How often ``receive`` asks the rollout actors whether their loops are still alive."""
 
-    def __init__(self, cfg: RunConfig):
+    def __init__(self, cfg: RunConfig, log_dir: Path | None = None):
         self.cfg = cfg
+        self.log_dir = log_dir  # each actor's output goes to a file there (None: the console)
         self._started_ray = False
         self.rollouts: list[Any] = []
         self.learners: list[Any] = []
@@ -118,7 +119,9 @@ class RayRuntime(Runtime):
             return
         cfg = self.cfg
         needed = cfg.rollout.num_workers * cfg.rollout.cpus_per_worker + cfg.learner.num_ranks * cfg.learner.cpus_per_rank
-        kwargs: dict[str, Any] = {"log_to_driver": True}
+        kwargs: dict[str, Any] = {"log_to_driver": self.log_dir is None}
+        if self.log_dir is not None:
+            kwargs["logging_level"] = logging.WARNING  # no "Started a local Ray instance" on the console
         if not os.environ.get("RAY_ADDRESS"):
             # A local Ray: advertise enough logical CPUs for the configured actors (they share the cores;
             # logical CPUs are only admission control) and keep the object store small. Inside a Ray job
@@ -145,10 +148,15 @@ class RayRuntime(Runtime):
         self.gate = AdmissionGate.options(num_cpus=0).remote(k_admit, cfg.rollout.groups_per_step)
         self.admission = RayAdmission(self.gate)
 
+        # The engines start while the learner ranks load their models and form their group: the two
+        # depend on each other only through the weight group, formed once both are up.
+        self._secret = secret
+        self.rollouts = [self._rollout_actor(i) for i in range(cfg.rollout.num_workers)]
+        engines_up = [r.setup.remote() for r in self.rollouts]
         L = cfg.learner.num_ranks
         self.learners = [
             LearnerActor.options(num_cpus=cfg.learner.cpus_per_rank, num_gpus=cfg.learner.gpus_per_rank,
-                                 name=None).remote(data, rank, L, secret)
+                                 name=None).remote(data, rank, L, secret, self._log_path(f"learner-{rank}"))
             for rank in range(L)
         ]
         master_address, master_port = ray.get(self.learners[0].rendezvous.remote())
@@ -156,10 +164,7 @@ class RayRuntime(Runtime):
         self.shard_senders = [make_sender(cfg.transport.kind, addr, secret, hwm=2,
                                           send_timeout_s=cfg.transport.send_timeout_s)
                               for addr in ray.get([lrn.shard_address.remote() for lrn in self.learners])]
-
-        self._secret = secret
-        self.rollouts = [self._rollout_actor(i) for i in range(cfg.rollout.num_workers)]
-        ray.get([r.setup.remote() for r in self.rollouts])
+        ray.get(engines_up)
         ray.get(self._form_weight_group())
         self._vocab_size = int(ray.get(self.learners[0].vocab_size.remote()))
 
@@ -168,7 +173,16 @@ class RayRuntime(Runtime):
         return RolloutActor.options(num_cpus=cfg.rollout.cpus_per_worker, num_gpus=cfg.rollout.gpus_per_worker,
                                     max_concurrency=64).remote(self._actor_cfg, f"w{i}",
                                                                self.receiver.address, self._secret, self.gate,
-                                                               max(1, int(cfg.rollout.cpus_per_worker)))
+                                                               max(1, int(cfg.rollout.cpus_per_worker)),
+                                                               self._log_path(f"rollout-w{i}"))
+
+    def _log_path(self, name: str) -> str | None:
+        """The log file of actor ``name`` (``rollout-w0``, ``learner-1``), or None on the console."""
+        return None if self.log_dir is None else str(self.log_dir / f"{name}.log")
+
+    def _log_note(self, name: str) -> str:
+        path = self._log_path(name)
+        return f" (its log: {path})" if path else ""
 
     def _form_weight_group(self) -> list[Any]:
         """(Re)form the weight plane: learner rank 0's publisher and every rollout actor's receiver."""
@@ -208,8 +222,8 @@ class RayRuntime(Runtime):
             for i in dead:
                 lost = await self.gate.abandon.remote(f"w{i}")
                 self.abandoned += len(lost)
-                log.warning("rollout actor w%d died; its %d undelivered group(s) %s will be replayed", i,
-                            len(lost), lost)
+                log.warning("rollout actor w%d died%s; its %d undelivered group(s) %s will be replayed", i,
+                            self._log_note(f"rollout-w{i}"), len(lost), lost)
                 ray.kill(self.rollouts[i], no_restart=True)
                 self.rollouts[i] = self._rollout_actor(i)
             try:
@@ -248,7 +262,8 @@ class RayRuntime(Runtime):
             self._learners_broken = True
             ready, _ = ray.wait(calls, num_returns=len(calls), timeout=0)
             dead = [r for r, c in enumerate(calls) if c in ready and _failed(c)]
-            raise RuntimeError(f"learner rank(s) {dead or '?'} died during {phase}; the run stops here. "
+            logs = "".join(self._log_note(f"learner-{r}") for r in dead[:1])
+            raise RuntimeError(f"learner rank(s) {dead or '?'} died during {phase}{logs}; the run stops here. "
                                "Continue from the latest checkpoint with `ragen-async train --resume RUN_DIR`") from e
 
     async def publish(self, version: int) -> None:

@@ -49,7 +49,7 @@ def test_a_killed_driver_leaves_no_process_and_resume_completes_the_run(tiny_mod
         f"model.path={tiny_model_path}", f"run_root={tmp_path}", "name=killed", "runtime=ray",
         f"total_steps={TOTAL_STEPS}", "checkpoint_every=2", "staleness.max_staleness=1",
         "rollout.group_size=4", "rollout.envs=[{tag: Bandit, n_groups: 4}]", "learner.mini_batch_size=2",
-        "learner.micro_batch_size=2", "validation.every=0", "logging.console=false", "rollout.num_workers=2",
+        "learner.micro_batch_size=2", "validation.every=0", "logging.console=false", "rollout.num_workers=1",
         "learner.num_ranks=1", "inference.kv_cache_gib=0.5", "logging.wandb_mode=disabled"]
     driver = train(["configs/tiny/starpo_s_bandit.yaml", *overrides], tmp_path / "first.log")
     sid = driver.pid  # start_new_session: the driver leads its own session; Ray and the engines join it
@@ -93,3 +93,15 @@ def test_a_killed_driver_leaves_no_process_and_resume_completes_the_run(tiny_mod
     assert audit.returncode == 0, audit.stdout + audit.stderr
     result = json.loads(audit.stdout.strip().splitlines()[-1])
     assert result["consumed"] == TOTAL_STEPS * 4 and not result["duplicates"] and not result["unexplained"]
+
+    # By default a run's console holds its own lines only: vLLM's, Ray's and the workers' output is in the
+    # run directory's log files (one per actor, the engine core's included), not on the console.
+    for console in ("first.log", "resume.log"):
+        text = (tmp_path / console).read_text()
+        assert "run directory:" in text
+        noise = [line for line in text.splitlines() if " INFO " in line or "(RolloutActor" in line
+                 or "(LearnerActor" in line or "EngineCore" in line]
+        assert not noise, noise[:5]
+    logs = {p.name: p.read_text() for p in (run_dir / "logs").glob("*.log")}
+    assert {"rollout-w0.log", "learner-0.log"} <= set(logs), sorted(logs)
+    assert "(EngineCore" in logs["rollout-w0.log"] and " INFO " in logs["rollout-w0.log"]

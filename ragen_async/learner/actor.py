@@ -19,6 +19,7 @@ import torch
 
 from ragen_async.config import RunConfig
 from ragen_async.learner.learner import Learner, TrainResult
+from ragen_async.logfiles import redirect_output
 from ragen_async.protocol import BatchShard
 from ragen_async.transport import CodecError, bind_address, make_receiver
 from ragen_async.weight_sync import RayActorsClient, RingBuffer, make_publisher
@@ -32,7 +33,9 @@ def free_port() -> int:
 
 @ray.remote
 class LearnerActor:
-    def __init__(self, cfg_data: dict, rank: int, world_size: int, secret: bytes):
+    def __init__(self, cfg_data: dict, rank: int, world_size: int, secret: bytes, log_path: str | None = None):
+        if log_path:
+            redirect_output(Path(log_path))
         self.cfg = RunConfig.model_validate(cfg_data)
         if self.cfg.learner.cpu_affinity:
             os.sched_setaffinity(0, set(self.cfg.learner.cpu_affinity))

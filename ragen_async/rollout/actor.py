@@ -12,12 +12,14 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import ray
 
 from ragen_async.agent.chat import ChatFormat
 from ragen_async.config import RunConfig
+from ragen_async.logfiles import redirect_output
 from ragen_async.protocol import TrajectoryGroup
 from ragen_async.rollout.engines import make_engine
 from ragen_async.rollout.worker import RolloutWorker, validate_engine
@@ -37,7 +39,9 @@ AdmissionGate = ray.remote(AdmissionController)
 @ray.remote
 class RolloutActor:
     def __init__(self, cfg_data: dict, worker_id: str, buffer_address: str, secret: bytes, gate: Any,
-                 engine_threads: int = 1):
+                 engine_threads: int = 1, log_path: str | None = None):
+        if log_path:  # before the engine starts: its engine-core process inherits the file
+            redirect_output(Path(log_path))
         # Each engine gets its own small thread budget so rollout actors and learners do not fight
         # over the same cores (set before vLLM/torch start their pools).
         os.environ.setdefault("OMP_NUM_THREADS", str(engine_threads))
