@@ -9,8 +9,11 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from ragen_async import reaper
+
+pytestmark = pytest.mark.slow  # waits on process deaths by design
 
 # A stand-in driver: starts the reaper on itself, then a grandchild that would outlive it, then waits.
 DRIVER = """

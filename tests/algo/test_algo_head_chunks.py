@@ -93,6 +93,7 @@ _PEAK_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the peak RSS from /proc (Linux)")
 def test_peak_memory_of_a_paper_vocabulary_head_is_bounded_by_the_chunk():
     """Forward and backward of log-probs and entropy over 2,048 positions of a 151,936-token head

@@ -131,6 +131,7 @@ def test_ray_job_sh_validates_the_config_before_uploading(tmp_path):
     assert result.returncode == 2 and "would not be uploaded" in result.stderr and not args
 
 
+@pytest.mark.slow
 def test_ray_job_sh_submits_a_validated_sweep(tmp_path):
     spec = "configs/sweeps/staleness_bandit.yaml"
     result, args = ray_job(tmp_path, "--no-wait", "--run-root", "/shared/runs", "sweep", spec, "total_steps=3")

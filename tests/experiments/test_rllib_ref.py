@@ -175,6 +175,7 @@ def own_ray():
         ray.shutdown()
 
 
+@pytest.mark.slow
 def test_a_short_real_appo_run_returns_its_metrics(own_ray):
     """About 20 s on 2 shared cores."""
     settings = AppoSettings(train_batch_size=100, num_envs_per_env_runner=4, rollout_fragment_length=25,

@@ -75,6 +75,7 @@ def test_simulated_groups_are_valid_and_carry_their_index_seed_and_versions(tmp_
     assert time.monotonic() - t0 >= 0.9 * max(t.timings["episode_s"] for t in group.trajectories) - 0.05
 
 
+@pytest.mark.slow
 def test_a_short_simulated_run_goes_through_the_real_gate_buffer_and_transport():
     # 4 actors playing 4 groups each at once, 8 groups per step, k = 1: the gate allows (k + v + 1) x 8
     # started groups, fewer than the 16 slots the actors have, so it must refuse, and groups started

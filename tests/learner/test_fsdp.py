@@ -137,6 +137,7 @@ def _assert_weights_close(got: dict, expected: dict, atol: float, what: str,
     assert len(beyond) <= max_outliers, f"{what}: {len(beyond)} entries differ by more than {atol}: {beyond[:10]}"
 
 
+@pytest.mark.slow
 def test_fsdp_full_weights_and_checkpoints_across_strategies_and_rank_counts(tiny_model_path, tmp_path):
     from safetensors.torch import load_file
 

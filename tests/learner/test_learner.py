@@ -97,6 +97,7 @@ def test_non_finite_gradient_skips_the_step(tiny_model_path):
         assert torch.equal(a.nan_to_num(), b.detach().nan_to_num())  # no optimizer step happened
 
 
+@pytest.mark.slow
 def test_checkpoint_resume_reproduces_the_next_step(tiny_model_path, tmp_path):
     cfg = make_cfg(tiny_model_path)
     shard = make_shard(tiny_model_path, cfg)[0]
@@ -135,6 +136,7 @@ def _ddp_rank(rank, world, port, model_path, shard, out):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_ranks_give_the_single_process_gradient(tiny_model_path, tmp_path):
     """Global token counts + all-reduced whitening: 2-rank DDP computes the single-process gradient.
 
@@ -180,6 +182,7 @@ def _checkpoint_rank(rank, world, port, model_path, shard, ckpt, out):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_ranks_checkpoint_without_racing_on_the_shared_actor_files(tiny_model_path, tmp_path):
     """Each rank writes its own ``learner_rank{r}.pt``; only rank 0 writes the actor (weights and
     tokenizer), which every rank shares. Rank 1 saves first, alone, so any shared file it wrote would
@@ -234,6 +237,7 @@ def test_logits_only_at_trained_tokens_match_the_full_forward(tiny_model_path):
     assert (logprobs[:, 1:][~mask] == 0).all()
 
 
+@pytest.mark.slow
 def test_single_on_policy_update_skips_the_actor_recompute_without_changing_the_old_logprobs(tiny_model_path):
     """One update on the whole shard reads its old log-probs from its own forward: the behaviour vs
     learner mismatch it reports equals the one from a separate no-grad pass, and the update is the

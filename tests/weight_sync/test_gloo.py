@@ -64,6 +64,7 @@ def test_broadcast_reaches_every_receiver_in_few_collectives():
     pub.close()
 
 
+@pytest.mark.slow
 def test_receiver_with_wrong_version_gets_a_clear_error():
     named = named_state()
     pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=3)
@@ -83,6 +84,7 @@ def test_publisher_errors_when_receivers_never_join():
     assert time.monotonic() - t0 < 10
 
 
+@pytest.mark.slow
 def test_publisher_errors_when_a_joined_receiver_never_receives():
     pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=2)
     r = Receiver(pub, 1, manifest=None, timeout_s=2)
@@ -247,6 +249,7 @@ def test_a_header_in_the_slot_that_does_not_match_the_ticket_is_an_error():
     pub.close()
 
 
+@pytest.mark.slow
 def test_a_publish_that_does_not_match_its_ticket_sends_nothing():
     """Receivers that know the plan post their buffers before the header arrives (gloo aborts on a size
     mismatch), so the publisher refuses tensors that differ from the manifest the ticket announced."""

@@ -121,6 +121,7 @@ def test_a_healthy_sync_loads_every_engine_in_one_call_each(monkeypatch, loop):
     assert pub.client.phase == "idle"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dies_at", WORKER_CALLS)
 def test_an_engine_dying_before_during_or_after_the_transfer_is_an_error_within_the_bound(monkeypatch, loop, dies_at):
     pub, (survivor, dead), barrier = _publisher(monkeypatch, loop, dies_at)
