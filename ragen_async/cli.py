@@ -39,7 +39,9 @@ OverridesArg = Annotated[list[str] | None, typer.Argument(help="dotted overrides
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
+    from rich.markup import escape
+
+    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)  # one line, brackets as written
     raise typer.Exit(2)
 
 
@@ -64,8 +66,16 @@ def _load(config: Path | None, overrides: list[str] | None):
     return cfg
 
 
-def _setup_logging() -> None:
-    logging.basicConfig(level=os.environ.get("RAGEN_LOG_LEVEL", "WARNING"),
+VerboseOpt = Annotated[bool, typer.Option(
+    "--verbose", help="engine, Ray and worker output on the console too (default: RUN_DIR/logs/); sets RAGEN_LOG_LEVEL=INFO")]
+
+
+def _setup_logging(verbose: bool = False) -> None:
+    from ragen_async.logfiles import LOG_LEVEL_ENV
+
+    if verbose:
+        os.environ[LOG_LEVEL_ENV] = "INFO"
+    logging.basicConfig(level=os.environ.get(LOG_LEVEL_ENV, "WARNING").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
@@ -78,10 +88,14 @@ def train(
         help="directory of the new run (must not exist; default RUN_ROOT/NAME-TIMESTAMP)")] = None,
     require_val_success: Annotated[float | None, typer.Option(
         help="exit non-zero unless the final validation success (val/success) reaches this")] = None,
+    verbose: VerboseOpt = False,
 ) -> None:
-    """Train with StarPO-S; prints the run directory, then live progress. SIGTERM or SIGUSR1 stops the run
-    after the current step with a checkpoint (exit status 75; continue with --resume)."""
-    _setup_logging()
+    """Train with StarPO-S; prints the run directory, then live progress (engine and worker output goes to
+    RUN_DIR/logs/). SIGTERM or SIGUSR1 stops the run after the current step with a checkpoint (exit status
+    75; continue with --resume)."""
+    _setup_logging(verbose)
+    from ragen_async.logfiles import one_line
+    from ragen_async.logfiles import verbose as verbose_console
     from ragen_async.orchestrator import Interrupted, summarize_val
     from ragen_async.orchestrator import train as run_train
 
@@ -100,6 +114,10 @@ def train(
     except Interrupted as e:
         console.print(f"[yellow]{e}[/]", highlight=False)
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    except Exception as e:
+        if verbose_console():
+            raise
+        _fail(one_line(e))  # its traceback is in the run's logs/driver.log, which the line names
     console.print(f"done in {time.perf_counter() - t0:.0f} s; run directory {path}")
     print(json.dumps({"run_dir": str(path), **summarize_val(last)}))
     if require_val_success is not None:
@@ -117,25 +135,87 @@ def _check_model(path: str) -> None:
 @app.command()
 def audit(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> None:
     """Account for every group index a run admitted (consumed, dropped and why, or outstanding at its
-    latest checkpoint); exits 1 on any duplicate or unexplained index."""
+    latest checkpoint) and check every consumed group's staleness against the bound in force at its step
+    (config.yaml's staleness settings; the adaptive bound from metrics.jsonl); prints a per-lag table and
+    exits 1 on any duplicate or unexplained index or staleness violation."""
+    import yaml
+    from pydantic import ValidationError
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ragen_async.config import StalenessConfig
     from ragen_async.orchestrator import DRIVER_STATE
     from ragen_async.provenance import audit as audit_run
-    from ragen_async.provenance import read_provenance
+    from ragen_async.provenance import audit_staleness, bounds_from_metrics, read_provenance
     from ragen_async.rundir import RunDir
 
     rd = RunDir(run_dir)
     checkpoint = rd.latest_checkpoint() if rd.checkpoints.is_dir() else None
     if checkpoint is None or not (rd.path / "provenance.jsonl").is_file():
         _fail(f"{run_dir} has no complete checkpoint and provenance.jsonl to audit")
+    if not rd.config_path.is_file():
+        _fail(f"{run_dir} has no config.yaml: the staleness bound to audit against is unknown")
+    try:
+        s = StalenessConfig.model_validate((yaml.safe_load(rd.config_path.read_text()) or {}).get("staleness") or {})
+    except (yaml.YAMLError, ValidationError, AttributeError) as e:
+        _fail(f"{rd.config_path}: cannot read its staleness settings: {e}")
     state = json.loads((checkpoint / DRIVER_STATE).read_text())
-    result = audit_run(read_provenance(rd.path / "provenance.jsonl"), state["admission"], int(state["step"]))
+    step = int(state["step"])
+    provenance = read_provenance(rd.path / "provenance.jsonl")
+    result = audit_run(provenance, state["admission"], step)
+    bounds = None
+    if s.adaptive and rd.metrics_path.is_file():
+        records = []
+        for line in rd.metrics_path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut short by a kill
+                continue
+        bounds = bounds_from_metrics(records)
+    stale = audit_staleness(provenance, s.max_staleness, fixed_lag=s.fixed_lag, adaptive=s.adaptive,
+                            bounds=bounds, up_to_step=step)
     console.print(f"{run_dir} up to step {state['step']} ({checkpoint.name}): {result['admitted']} admitted = "
                   f"{result['consumed']} consumed + {result['dropped']} dropped + {result['outstanding']} "
                   f"outstanding; drops by reason: {result['drop_reasons'] or 'none'}")
-    print(json.dumps(result))
+    table = Table(title="staleness of consumed groups (learner version - oldest token's version)",
+                  title_justify="left", header_style="bold")
+    for name in ("lag", "groups", "share"):
+        table.add_column(name, justify="right")
+    for row in stale["lags"]:
+        table.add_row(str(row["lag"]), str(row["groups"]), f"{row['share']:.1%}")
+    console.print(table)
+    k = s.max_staleness
+    rule = {"unbounded": "unbounded (max_staleness: null)", "bounded": f"bounded by k = {k}",
+            "fixed_lag": f"fixed lag: exactly min(k = {k}, learner version) old",
+            "adaptive": f"adaptive: the bound in force at each step, from metrics.jsonl staleness/bound, at most k = {k}",
+            }[stale["regime"]]
+    violations = stale["violations"]
+    console.print(f"staleness ({rule}): {stale['groups']} consumed groups, max {stale['max']}; "
+                  f"{len(violations) or 'no'} violation{'s' if len(violations) != 1 else ''}", highlight=False)
+    if stale["bound_unknown_steps"]:
+        console.print(f"[yellow]note:[/] no staleness/bound in metrics.jsonl for {len(stale['bound_unknown_steps'])} "
+                      f"step(s) {stale['bound_unknown_steps'][:20]}: their groups were checked against "
+                      f"max_staleness = {k}, an upper bound only", highlight=False)
+    print(json.dumps({**result, "staleness": {**stale, "violations": violations[:100],
+                                               "violation_count": len(violations)}}), flush=True)
+    failed = False
     if result["duplicates"] or result["unexplained"]:
         console.print(f"[bold red]error:[/] duplicates {result['duplicates'][:20]}, "
                       f"unexplained {result['unexplained'][:20]}")
+        failed = True
+    for v in violations[:20]:
+        where = f"step {v['step']} group {v['group_id']} (index {v['index']}, learner version {v['learner_version']})"
+        if v["rule"] == "fixed_lag":
+            what = (f"oldest token {v['staleness']}, newest {v['newest_staleness']} versions old, "
+                    f"not exactly {v['bound']}")
+        elif v["rule"] == "future_version":
+            what = f"a token {-min(v['staleness'], v['newest_staleness'])} version(s) newer than the learner"
+        else:
+            what = f"staleness {v['staleness']} > {v['bound']}"
+        console.print(f"[bold red]error:[/] {escape(where)}: {what} ({v['rule']})", highlight=False)
+    if len(violations) > 20:
+        console.print(f"[bold red]error:[/] ... and {len(violations) - 20} more staleness violations")
+    if failed or violations:
         raise typer.Exit(1)
 
 
@@ -143,23 +223,30 @@ def audit(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> N
 def eval_cmd(
     config: ConfigArg = None,
     overrides: OverridesArg = None,
-    policy: Annotated[str, typer.Option(help="llm | random | oracle")] = "llm",
+    policy: Annotated[list[str] | None, typer.Option(
+        help="llm | random | oracle (repeatable: every policy on the same seeds, one table); default llm")] = None,
     env: Annotated[list[str] | None, typer.Option(help="environment tag (repeatable); default: validation envs")] = None,
     seeds: Annotated[int | None, typer.Option(help="seeds per environment (default: validation n_groups)")] = None,
     seed: Annotated[int | None, typer.Option(help="first seed (default: validation.seed)")] = None,
-    temperature: Annotated[float | None, typer.Option(help="sampling temperature (default: validation's)")] = None,
-    out: Annotated[Path | None, typer.Option(help="episodes jsonl path")] = None,
+    temperature: Annotated[float | None, typer.Option(
+        help="LLM sampling temperature, 0 = greedy (default: validation's)")] = None,
+    out: Annotated[Path | None, typer.Option(help="episodes jsonl path (each episode tagged with its policy)")] = None,
 ) -> None:
-    """Play fixed seeds with the LLM (vLLM), a random-valid-action policy, or the oracle."""
+    """Play fixed seeds with the LLM (vLLM), a random-valid-action policy and/or the oracle; prints a table
+    and a JSON line with each policy's summary, keyed by policy."""
     _setup_logging()
     cfg = _load(config, overrides)
-    if policy not in ("llm", "random", "oracle"):
-        _fail(f"--policy must be llm, random or oracle (got {policy!r})")
+    policies = list(dict.fromkeys(policy or ["llm"]))
+    for p in policies:
+        if p not in ("llm", "random", "oracle"):
+            _fail(f"--policy must be llm, random or oracle (got {p!r})")
+    if temperature is not None and not temperature >= 0:
+        _fail(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
     _check_model(cfg.model.path)
     from ragen_async.evaluation import run_eval
 
     try:
-        summary = run_eval(cfg, policy=policy, env_tags=env, seeds=seeds, first_seed=seed,
+        summary = run_eval(cfg, policies=policies, env_tags=env, seeds=seeds, first_seed=seed,
                            temperature=temperature, out=out, console=console)
     except ValueError as e:
         _fail(str(e))
@@ -381,9 +468,10 @@ def sweep(
     resume: Annotated[Path | None, typer.Option(help="finish the sweep in this sweep directory")] = None,
     out: Annotated[Path | None, typer.Option(help="sweep directory (default runs/sweeps/NAME-TIMESTAMP)")] = None,
     report: Annotated[bool, typer.Option(help="write SWEEP_DIR/report when the sweep ends")] = True,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Run a grid of configs one after another; every config is validated before the first run starts."""
-    _setup_logging()
+    _setup_logging(verbose)
     from rich.console import Console
 
     from ragen_async.experiments.sweep import SweepError, run_sweep
@@ -447,6 +535,67 @@ def watch(
     if not run_dir.is_dir():
         _fail(f"{run_dir} is not a directory (expected a run directory with metrics.jsonl)")
     watch_run(run_dir, interval_s=interval, width=width, once=once)
+
+
+@app.command("config")
+def config_cmd(
+    args: Annotated[list[str] | None, typer.Argument(
+        metavar="[CONFIG] [OVERRIDES]... [KEY]",
+        help="YAML config (*.yaml, *.yml or an existing file; defaults if omitted), dotted overrides "
+             "(key=value), and with --explain the KEY to describe: a section (algo) or a field "
+             "(algo.clip_eps_high); every field if omitted")] = None,
+    explain: Annotated[bool, typer.Option(
+        "--explain", help="describe the fields (type, default, the value in CONFIG if given, description) "
+                          "instead of printing the config")] = False,
+) -> None:
+    """Print the resolved config (CONFIG + overrides, or the defaults) as YAML, or with --explain what its
+    fields mean."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ragen_async.config import ConfigError, dump_config, load_config
+    from ragen_async.config import explain as explain_fields
+
+    config, overrides, keys = None, [], []
+    for i, arg in enumerate(args or []):
+        if "=" in arg:
+            overrides.append(arg)
+        elif i == 0 and (Path(arg).suffix in (".yaml", ".yml") or Path(arg).is_file() or not explain):
+            config = Path(arg)
+        else:
+            keys.append(arg)
+    if keys and not explain:
+        _fail(f"{keys[0]!r} is not an override (key=value); to describe a config key, add --explain")
+    if len(keys) > 1:
+        _fail(f"--explain describes one KEY, got {len(keys)}: {' '.join(keys)}")
+    try:
+        cfg = load_config(config, overrides) if config is not None or overrides or not explain else None
+        docs = explain_fields(keys[0] if keys else None, cfg) if explain else []
+    except ConfigError as e:
+        _fail(str(e))
+    if not explain:
+        print(dump_config(cfg), end="")
+        return
+    # Off a terminal (a pipe, a file) the table is not squeezed into 80 columns.
+    out = Console(highlight=False, width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
+    if len(docs) == 1:  # one field: its whole description on one line, easy to read and to grep
+        d = docs[0]
+        value = f"  (value: {d.value})" if d.value is not None else ""
+        out.print(f"{d.key}: {d.type} = {d.default}{value}", markup=False, soft_wrap=True)
+        out.print(f"  {d.description}", markup=False, soft_wrap=True)
+        return
+    table = Table(title=f"config fields{f' under {keys[0]}' if keys else ''}", title_justify="left")
+    table.add_column("key", no_wrap=True)
+    table.add_column("type", max_width=28, overflow="fold")
+    table.add_column("default", max_width=24, overflow="fold")
+    if cfg is not None:
+        table.add_column("value", max_width=24, overflow="fold")
+    table.add_column("description", min_width=40)
+    for d in docs:
+        value = [] if cfg is None else ["" if d.value is None else escape(d.value)]
+        table.add_row(escape(d.key), escape(d.type), "" if d.section else escape(d.default), *value,
+                      escape(d.description), style="bold" if d.section else None)
+    out.print(table)
 
 
 def main() -> None:  # pragma: no cover

@@ -7,8 +7,12 @@ live in ``configs/*.yaml``. Derived values are properties, never mutated fields.
 
 from __future__ import annotations
 
+import difflib
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from omegaconf import OmegaConf
@@ -16,7 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # use_attribute_docstrings: the string under each field becomes its description in the JSON schema
+    # (and in ``ragen-async config --explain``); every field has one (tests/test_config_explain.py).
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class ModelConfig(_Strict):
@@ -27,6 +33,7 @@ class ModelConfig(_Strict):
     critic_path: str | None = None
     """Base model of the critic; ``None`` = the actor's base (RAGEN)."""
     gradient_checkpointing: bool = False
+    """Recompute the actor's activations in backward: less learner memory, more compute (the critic is unaffected)."""
 
 
 class EnvGroupSpec(_Strict):
@@ -40,12 +47,17 @@ class EnvGroupSpec(_Strict):
 
 class AgentConfig(_Strict):
     max_turns: int = Field(5, ge=1)
+    """Turns (reply + environment feedback) an episode may take at most (RAGEN ``max_turn``)."""
     max_actions_per_turn: int = Field(5, ge=1)
+    """Actions kept from one reply's ``||``-separated answer; further pieces are dropped (format penalty)."""
     max_actions_per_episode: int | None = Field(None, ge=1)
     """``None`` = each environment's own budget."""
     max_tokens_per_turn: int = Field(400, ge=1)
+    """Tokens sampled per reply at most (RAGEN ``response_length``); a cut-off reply gets the end-of-turn token."""
     format_penalty: float = -0.1
+    """Added to the score for each turn with no valid action, a dropped action or broken tags (and a context cut)."""
     enable_think: bool = True
+    """Replies are ``<think>...</think><answer>...</answer>``, ``<think>`` forced; ``False`` = the answer tags only."""
 
 
 class RolloutConfig(_Strict):
@@ -54,13 +66,17 @@ class RolloutConfig(_Strict):
     group_size: int = Field(16, ge=1)
     """Episodes per group (same initial state)."""
     temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of training rollouts; the learner divides its logits by it too (matching log-probs)."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus-sampling probability mass of training rollouts; 1 = no truncation."""
     seed: int = 10_000
     """Group ``i`` (global sequence index) plays seed ``seed + i``."""
     num_workers: int = Field(1, ge=1)
     """Rollout actors (``runtime: ray``), each with its own engine."""
     cpus_per_worker: float = Field(1.0, gt=0)
+    """Ray CPUs per rollout actor (``runtime: ray``); its integer part (at least 1) is the engine's thread count."""
     gpus_per_worker: float = Field(0.0, ge=0)
+    """Ray GPUs per rollout actor (``runtime: ray``); above 0, ``weight_sync.backend: auto`` resolves to nccl."""
     max_concurrent_groups: int = Field(4, ge=1)
     """Groups a worker plays concurrently."""
     cpu_affinity: list[int] | None = None
@@ -77,30 +93,46 @@ class ValidationConfig(_Strict):
     envs: list[EnvGroupSpec] = Field(default_factory=lambda: [EnvGroupSpec(tag="Bandit", n_groups=128)])
     """``n_groups`` here is the number of fixed seeds evaluated (group size 1)."""
     seed: int = 123
+    """First validation seed: each validation env plays seeds ``seed`` .. ``seed + n_groups - 1``, every time."""
     temperature: float = Field(0.5, gt=0)
+    """Sampling temperature of validation episodes (and of ``ragen-async eval`` by default); RAGEN 0.5."""
 
 
 class AlgoConfig(_Strict):
     adv_estimator: Literal["gae", "grpo"] = "gae"
+    """``gae``: PPO with a critic (GAE per token); ``grpo``: the group-normalised score on every token, no critic."""
     grpo_norm: Literal["mean_std", "mean", "identity", "asym_clip"] = "mean_std"
     """Group normalisation of scores (grouped by initial state)."""
     gamma: float = 1.0
+    """GAE discount per token position (``gae`` only; RAGEN 1.0)."""
     gae_lambda: float = 1.0
+    """GAE lambda (``gae`` only; RAGEN 1.0: with gamma 1 a token's advantage is the final score minus its value)."""
     whiten_advantages: bool = True
     """Whiten GAE advantages over the batch's sampled tokens (verl/RAGEN)."""
     clip_eps_low: float = 0.2
+    """PPO clip below 1: the probability ratio is clipped at ``1 - clip_eps_low`` (StarPO-S 0.2)."""
     clip_eps_high: float = 0.28
+    """PPO clip above 1, ``1 + clip_eps_high`` (DAPO clip-higher: StarPO-S 0.28, vanilla StarPO 0.2)."""
     dual_clip_c: float | None = 3.0
+    """Dual clip: a negative-advantage token's loss is capped at ``-A * c`` (c > 1; RAGEN 3.0); ``None`` = off."""
     entropy_coef: float = 0.001
+    """Weight of the entropy bonus (subtracted from the actor loss); StarPO-S 0.001, 0 = no bonus."""
     kl_coef: float = 0.0
+    """Weight of the KL penalty to a frozen copy of the initial actor (built only when > 0); StarPO-S 0 = off."""
     kl_type: Literal["k1", "k2", "k3", "abs", "mse", "low_var_kl"] = "k1"
+    """KL estimator (d = log pi - log pi_ref): k1 d, k2/mse d^2/2, abs |d|, k3/low_var_kl e^-d + d - 1 (clamped)."""
     clip_range_value: float = 0.5
+    """Critic value-loss clip (``gae`` only): values are also scored clipped to +- this around their pre-step values."""
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    """Per-token losses to a scalar: ``token-mean`` over all sampled tokens; ``seq-mean-*``: mean of per-trajectory values."""
     filter_mode: Literal["std", "std_rev", "none"] = "std"
+    """StarPO-S filter by in-group raw-score std: ``std`` keeps the top groups, ``std_rev`` the bottom, ``none`` all."""
     filter_ratio: float = Field(0.25, gt=0, le=1)
     """StarPO-S: keep this fraction of groups, by in-group reward std."""
     off_policy: Literal["none", "tis", "decoupled"] = "none"
+    """Correction for stale tokens, w = pi_old/mu: ``tis`` loss*min(w, is_cap); ``decoupled`` loss*w, 0 if w > is_cap."""
     is_cap: float = Field(2.0, gt=0)
+    """Weight cap of ``off_policy`` (truncates for ``tis``, masks for ``decoupled``); unused with ``none``."""
 
     @property
     def use_critic(self) -> bool:
@@ -113,10 +145,15 @@ class AlgoConfig(_Strict):
 
 class LearnerConfig(_Strict):
     actor_lr: float = 1e-6
+    """AdamW learning rate of the actor, constant (no schedule, no warm-up); RAGEN 1e-6."""
     critic_lr: float = 1e-5
+    """AdamW learning rate of the critic (``gae`` only), constant; RAGEN 1e-5."""
     weight_decay: float = 0.01
+    """AdamW weight decay of actor and critic (every parameter)."""
     betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW (beta1, beta2) of actor and critic."""
     grad_clip: float = 1.0
+    """Max gradient norm per optimizer step (actor and critic each); a non-finite norm skips the step."""
     mini_batch_size: int = Field(32, ge=1)
     """Trajectories per optimizer step (after filtering)."""
     micro_batch_size: int = Field(8, ge=1)
@@ -130,16 +167,23 @@ class LearnerConfig(_Strict):
     With a 151,936-token vocabulary, 512 positions are 0.3 GB of fp32 logits; a chunk's backward holds
     about ten such tensors (measured on CPU: tests/algo/test_algo_head_chunks.py)."""
     epochs: int = Field(1, ge=1)
+    """Passes over each step's batch (PPO epochs), each one optimizer step per mini-batch."""
     num_ranks: int = Field(1, ge=1)
     """Learner processes in the torch.distributed group (``runtime: ray``)."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """torch.distributed backend of a multi-rank learner: ``auto`` = nccl on GPU, gloo on CPU."""
     strategy: Literal["ddp", "fsdp"] = "ddp"
+    """Multi-rank data parallelism: ``ddp`` replicates actor and critic, ``fsdp`` (FSDP2) shards them."""
     cpus_per_rank: float = Field(1.0, gt=0)
+    """Ray CPUs per learner rank (``runtime: ray``)."""
     gpus_per_rank: float = Field(0.0, ge=0)
+    """Ray GPUs per learner rank (``runtime: ray``); above 0 (with CUDA) the rank trains on GPU, else on CPU."""
     torch_threads: int = Field(1, ge=1)
+    """torch threads (and ``OMP_NUM_THREADS``) of each learner rank (``runtime: ray``; local uses every CPU)."""
     cpu_affinity: list[int] | None = None
     """Pin learner ranks to these CPU ids; ``None`` = no pinning."""
     seed: int = 0
+    """torch seed set before the learner builds its models (e.g. the critic's new value head)."""
 
 
 class InferenceConfig(_Strict):
@@ -148,6 +192,7 @@ class InferenceConfig(_Strict):
     max_model_len: int = Field(4096, ge=64)
     """Engine context window; every episode is kept inside it by the agent's context budget."""
     gpu_memory_utilization: float = 0.5
+    """GPU only: fraction of the GPU's memory vLLM may take (weights + KV cache); ignored on CPU."""
     kv_cache_gib: float = 1.0
     """CPU KV-cache size (``VLLM_CPU_KVCACHE_SPACE``)."""
     tensor_parallel_size: int = Field(1, ge=1)
@@ -191,6 +236,7 @@ class WeightSyncConfig(_Strict):
     backend: Literal["auto", "gloo", "nccl", "rpc"] = "auto"
     """``auto`` = nccl on GPU, gloo on CPU; ``rpc`` ships tensors through the engine's RPC (tests)."""
     timeout_s: float = Field(120.0, gt=0)
+    """Seconds a weight sync (and the learner group's rendezvous and collectives) may take before it fails."""
     verify_every: int = Field(0, ge=0)
     """Every this many syncs, compare each engine's log-probs of a fixed probe sequence with the
     learner's (``weight_sync/probe_max_abs_diff``); 0 = never. A broken sync shows up here first."""
@@ -198,25 +244,32 @@ class WeightSyncConfig(_Strict):
 
 class TransportConfig(_Strict):
     kind: Literal["zmq", "inproc"] = "zmq"
+    """``zmq``: ZeroMQ over TCP between Ray actors; ``inproc``: an in-process queue (single-process tests)."""
     host: str = "auto"
     """Address receivers bind on; ``auto`` = this node's IP as Ray reports it (works on a cluster, and
     listens on that interface only). ``0.0.0.0`` / ``*`` listen on every interface: only when set here."""
     high_water_mark: int = Field(8, ge=1)
+    """Messages queued per ZeroMQ pipe from rollout actor to driver; a full pipe blocks the sender (backpressure)."""
     max_message_mb: float = Field(256.0, gt=0)
+    """Largest message (MiB) the driver and learner ranks accept; a larger one is rejected."""
     send_timeout_s: float = Field(600.0, gt=0)
+    """Seconds a send waits for room at the receiver before it fails (``TransportTimeout``)."""
 
 
 class LoggingConfig(_Strict):
     wandb_mode: Literal["online", "offline", "disabled", "auto"] = "auto"
     """``auto`` = online when a W&B API key is configured, offline otherwise (``WANDB_MODE`` wins)."""
     wandb_project: str = "ragen_async"
+    """W&B project the run is logged to."""
     wandb_entity: str | None = None
+    """W&B entity (user or team); ``None`` = the API key's default entity."""
     wandb_group: str | None = None
     """W&B run group (``ragen-async sweep`` sets the sweep directory's name: one group per sweep);
     ``None`` = ``WANDB_RUN_GROUP`` if set."""
     wandb_tags: list[str] = Field(default_factory=list)
     """W&B run tags (a sweep adds ``key=value`` for each of the run's grid values)."""
     console: bool = True
+    """Print one compact line per learner step (success, reward, reward std, entropy, ...) to the console."""
     episodes_every: int = Field(10, ge=0)
     """Every this many learner steps, write a few of the step's episodes as text (the whole conversation,
     reward, success, staleness) to ``episodes.jsonl`` and a W&B table; 0 = never."""
@@ -228,8 +281,11 @@ class RunConfig(_Strict):
     """A whole training run."""
 
     name: str = "run"
+    """Run name: a new run's directory is ``run_root/NAME-TIMESTAMP`` (unsafe characters replaced by ``-``)."""
     runtime: Literal["local", "ray"] = "local"
+    """``local``: one process, synchronous (staleness 0); ``ray``: rollout actors and learner ranks as Ray actors."""
     total_steps: int = Field(200, ge=0)
+    """Learner steps to train (a resumed run continues up to it); each consumes ``rollout.groups_per_step`` groups."""
     time_budget_minutes: float | None = Field(None, gt=0)
     """Also stop after this many minutes of training (validation excluded), at a step boundary, with
     the usual final validation and checkpoint; ``total_steps`` stays the upper bound."""
@@ -244,16 +300,27 @@ class RunConfig(_Strict):
     """Write ``provenance.jsonl``: per learner step, every consumed group's id, seed, worker and the
     policy versions of its tokens, so staleness can be audited (and the schedule replayed) offline."""
     model: ModelConfig = ModelConfig()
+    """The policy model (and the critic's base)."""
     agent: AgentConfig = AgentConfig()
+    """Episode budgets and reply format."""
     rollout: RolloutConfig = RolloutConfig()
+    """Training rollouts: environments, group size, sampling and rollout actors."""
     validation: ValidationConfig = ValidationConfig()
+    """Validation on fixed seeds."""
     algo: AlgoConfig = AlgoConfig()
+    """The StarPO-S objective: advantages, clipping, filter, entropy and KL terms, off-policy correction."""
     learner: LearnerConfig = LearnerConfig()
+    """Optimizer, batching and learner processes."""
     inference: InferenceConfig = InferenceConfig()
+    """The inference engine of each rollout actor (or of the local runtime)."""
     staleness: StalenessConfig = StalenessConfig()
+    """How many policy versions old a consumed token may be (above 0 needs ``runtime: ray``)."""
     weight_sync: WeightSyncConfig = WeightSyncConfig()
+    """Publishing the learner's weights to the inference engines."""
     transport: TransportConfig = TransportConfig()
+    """Messages between rollout actors, driver and learner ranks (``runtime: ray``)."""
     logging: LoggingConfig = LoggingConfig()
+    """Metrics sinks (console, W&B) and episode samples."""
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
@@ -335,3 +402,99 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def dump_config(cfg: RunConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+@dataclass(frozen=True)
+class FieldDoc:
+    """One field of the config tree, as ``ragen-async config --explain`` shows it."""
+
+    key: str
+    """Dotted key, as overrides spell it; ``[]`` stands for every item of a list (``rollout.envs[].tag``)."""
+    type: str
+    """The field's type with its bounds, e.g. ``int, >= 1`` or ``'gae' | 'grpo'``."""
+    default: str
+    """``repr`` of the default; ``(section)`` for a nested section, ``(required)`` where there is none."""
+    description: str
+    """The field's docstring (its JSON-schema description), whitespace collapsed to one line."""
+    value: str | None = None
+    """``repr`` of the field's value in the config passed to :func:`explain`; ``None`` if none was passed, for
+    sections, and for the fields of list items (their values show on the list's own row)."""
+    section: bool = False
+    """Whether the field is a nested section (its fields follow it)."""
+
+
+_BOUNDS = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+"""Attributes of the bound constraints pydantic keeps in ``FieldInfo.metadata`` (``Field(ge=1)``)."""
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if tp is type(None):
+        return "None"
+    if tp is Any:
+        return "Any"
+    if origin is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in get_args(tp))
+    if origin is not None:
+        return f"{getattr(origin, '__name__', origin)}[{', '.join(_type_name(a) for a in get_args(tp))}]"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _section_model(tp: Any) -> type[BaseModel] | None:
+    return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
+
+
+def _list_item_model(tp: Any) -> type[BaseModel] | None:
+    args = get_args(tp)
+    return _section_model(args[0]) if get_origin(tp) is list and len(args) == 1 else None
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, BaseModel):
+        value = value.model_dump()
+    elif isinstance(value, list) and any(isinstance(v, BaseModel) for v in value):
+        value = [v.model_dump() if isinstance(v, BaseModel) else v for v in value]
+    return repr(value)
+
+
+def _walk(model: type[BaseModel], prefix: str, obj: BaseModel | None) -> Iterator[FieldDoc]:
+    for name, info in model.model_fields.items():
+        key = f"{prefix}{name}"
+        section, item = _section_model(info.annotation), _list_item_model(info.annotation)
+        value = getattr(obj, name) if obj is not None else None
+        bounds = [f"{sign} {getattr(m, attr)}" for m in info.metadata for attr, sign in _BOUNDS
+                  if getattr(m, attr, None) is not None]
+        if section is not None:
+            default = "(section)"
+        elif info.is_required():
+            default = "(required)"
+        else:
+            default = _show(info.get_default(call_default_factory=True))
+        yield FieldDoc(key=key, type=", ".join([_type_name(info.annotation), *bounds]), default=default,
+                       description=" ".join((info.description or "").split()),
+                       value=None if obj is None or section is not None else _show(value), section=section is not None)
+        if section is not None:
+            yield from _walk(section, f"{key}.", value)
+        elif item is not None:
+            yield from _walk(item, f"{key}[].", None)
+
+
+def explain(key: str | None = None, cfg: RunConfig | None = None) -> list[FieldDoc]:
+    """Every field of the config tree (``key`` None), a section and its fields (``algo``), or one field
+    (``algo.clip_eps_high``), depth first in declaration order; with ``cfg``, each field's value in it.
+
+    Raises:
+        ConfigError: ``key`` names no field (the message names it and suggests close keys).
+    """
+    docs = list(_walk(RunConfig, "", cfg))
+    if key is None:
+        return docs
+    want = key.strip().replace("[]", "")
+    found = [d for d in docs if (k := d.key.replace("[]", "")) == want or k.startswith(f"{want}.")]
+    if not found:
+        close = difflib.get_close_matches(want, [d.key.replace("[]", "") for d in docs], n=3)
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
+        raise ConfigError(f"unknown config key {key!r}{hint}")
+    return found

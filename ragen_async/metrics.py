@@ -48,11 +48,6 @@ EPISODE_COLUMNS = ("env_tag", "seed", "group_index", "score", "success", "stalen
 """What a sampled episode row holds (``logging.episodes_every``)."""
 
 
-class NullSink(MetricsSink):
-    def log(self, record):
-        pass
-
-
 class MemorySink(MetricsSink):
     """Keeps records and alerts in memory (tests)."""
 

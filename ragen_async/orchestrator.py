@@ -36,6 +36,7 @@ from ragen_async.budget import TrainingBudget
 from ragen_async.buffer import Batch, TrajectoryBuffer
 from ragen_async.collapse import SIGNALS, CollapseWatch, EarlyWarning
 from ragen_async.config import RunConfig, load_config
+from ragen_async.logfiles import keep_traceback, log_dir, loggers_to, output_to
 from ragen_async.metrics import ConsoleSink, JsonlSink, MetricsSink, MultiSink, WandbSink, resolve_wandb_mode
 from ragen_async.protocol import NO_VERSION
 from ragen_async.provenance import ProvenanceLog, rewind_jsonl
@@ -91,17 +92,26 @@ def make_buffer(cfg: RunConfig) -> TrajectoryBuffer:
         group_size=cfg.rollout.group_size)
 
 
-def make_runtime(cfg: RunConfig) -> Runtime:
+def make_runtime(cfg: RunConfig, log_dir: Path | None = None) -> Runtime:
+    """The configured runtime; engine and worker output goes to files in ``log_dir`` (None: the console)."""
     if cfg.runtime == "ray":
         from ragen_async.ray_runtime import RayRuntime
 
-        return RayRuntime(cfg)
+        return RayRuntime(cfg, log_dir)
     import torch
 
     from ragen_async.runtime import LocalRuntime
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    return LocalRuntime(cfg)
+    engine_log = None if log_dir is None else log_dir / "engine.log"
+    with output_to(engine_log):  # the engine core process starts here and keeps the file
+        runtime = LocalRuntime(cfg)
+    loggers_to(engine_log)
+    if engine_log is not None:  # checkpoints are written in this process: no "Writing model shards" bars
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    return runtime
 
 
 class StopRequest:
@@ -358,16 +368,23 @@ def train(cfg: RunConfig | None = None, *, resume: Path | None = None, runtime: 
         assert cfg is not None
         run_dir = RunDir.create(cfg, run_dir_path)
     print(f"run directory: {run_dir.path}", flush=True)
+    logs = log_dir(run_dir.path)
+    if logs is not None:
+        print(f"engine and worker logs: {logs}/ (--verbose shows them here)", flush=True)
     sink = make_sink(cfg, run_dir, skip_wandb_until)
     exit_code = 1
     watchdog = reaper.start()  # if this process is killed, nothing it started keeps running
     stop, previous = StopRequest(), {}
     try:
-        runtime = runtime if runtime is not None else make_runtime(cfg)
+        runtime = runtime if runtime is not None else make_runtime(cfg, logs)
         previous = stop.install()  # after the runtime: ray.init() sets its own SIGTERM handler (sys.exit)
         last = run_trainer(cfg, run_dir, sink, runtime, checkpoint, stop=stop)
         exit_code = 0
         return run_dir.path, last
+    except Exception as e:
+        if logs is not None and not isinstance(e, Interrupted):
+            keep_traceback(e, logs / "driver.log")
+        raise
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -396,8 +413,3 @@ def run_trainer(cfg: RunConfig, run_dir: RunDir, sink: MetricsSink, runtime: Run
 
 def summarize_val(metrics: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if k.startswith("val/") and k.endswith("success")}
-
-
-def mean_of(records: list[dict[str, Any]], key: str) -> float:
-    vals = [r[key] for r in records if key in r and r[key] is not None]
-    return float(np.mean(vals)) if vals else float("nan")

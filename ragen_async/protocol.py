@@ -114,10 +114,6 @@ class _EpisodeFacts:
         return self.env_reward + self.format_penalty
 
     @property
-    def num_actions(self) -> int:
-        return sum(len(t.actions) for t in self.turns)
-
-    @property
     def num_dropped_actions(self) -> int:
         return sum(t.num_dropped_actions for t in self.turns)
 

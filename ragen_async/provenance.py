@@ -8,7 +8,8 @@ researcher) can recompute every token's staleness from it.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from ragen_async.protocol import AnyGroup, BatchShard
@@ -96,4 +97,84 @@ def audit(provenance: Sequence[dict], admission: dict, up_to_step: int) -> dict:
         "outstanding": len(outstanding),
         "duplicates": duplicates,
         "unexplained": unexplained,
+    }
+
+
+def bounds_from_metrics(records: Iterable[dict]) -> dict[int, int]:
+    """The staleness bound in force at each learner step, from ``metrics.jsonl`` records: ``staleness/bound``
+    of the step's record (logged before the step's early warnings move it, so it is the bound the buffer
+    applied when that step's batch was taken). The last record of a step wins (a resumed run logs it
+    again); a NaN bound (unbounded) and records without one (validation) are skipped."""
+    out: dict[int, int] = {}
+    for r in records:
+        bound, step = r.get("staleness/bound"), r.get("learner/step")
+        if step is None or bound is None or not math.isfinite(float(bound)):
+            continue
+        out[int(step)] = int(bound)
+    return out
+
+
+def audit_staleness(provenance: Sequence[dict], max_staleness: int | None, *, fixed_lag: bool = False,
+                    adaptive: bool = False, bounds: Mapping[int, int] | None = None,
+                    up_to_step: int | None = None) -> dict:
+    """Check every consumed group's staleness against the bound in force at its step.
+
+    A group's staleness is ``learner_version - min_version`` (its oldest sampled token; a group that
+    sampled nothing counts 0, as in the buffer). The rules, by regime:
+
+    * bounded (``max_staleness = k``): staleness <= k (``max_staleness``); unbounded (``None``): no bound;
+    * ``fixed_lag``: oldest and newest token both exactly ``min(k, learner_version)`` old (``fixed_lag``);
+    * ``adaptive``: staleness <= ``bounds[step]``, the bound in force at that step (``adaptive_bound``;
+      see :func:`bounds_from_metrics`), capped by k; a step with no recorded bound is checked against k,
+      an upper bound only, and listed in ``bound_unknown_steps``.
+
+    In every regime a token newer than the learner's version is a violation (``future_version``).
+    Steps above ``up_to_step`` are skipped (as :func:`audit` does). Returns the regime, the number of
+    groups checked, the largest staleness, the per-lag table ``lags`` (lag, groups, share of groups) and
+    ``violations`` (step, learner_version, index, group_id, staleness, newest_staleness, bound, rule).
+    """
+    if fixed_lag and max_staleness is None:
+        raise ValueError("fixed_lag needs an integer max_staleness")
+    regime = ("fixed_lag" if fixed_lag else "unbounded" if max_staleness is None
+              else "adaptive" if adaptive else "bounded")
+    counts: dict[int, int] = {}
+    violations: list[dict] = []
+    unknown: set[int] = set()
+    for record in provenance:
+        step, v = int(record["step"]), int(record["learner_version"])
+        if up_to_step is not None and step > up_to_step:
+            continue
+        bound = max_staleness
+        if regime == "fixed_lag":
+            bound = min(max_staleness, v)
+        elif regime == "adaptive":
+            if bounds is not None and step in bounds:
+                bound = min(int(bounds[step]), max_staleness)
+            else:
+                unknown.add(step)
+        for g in record["groups"]:
+            oldest, newest = g.get("min_version"), g.get("max_version")
+            staleness = 0 if oldest is None else v - int(oldest)
+            newest_staleness = staleness if newest is None else v - int(newest)
+            counts[staleness] = counts.get(staleness, 0) + 1
+            if min(staleness, newest_staleness) < 0:
+                rule = "future_version"
+            elif regime == "fixed_lag" and (staleness != bound or newest_staleness != bound):
+                rule = "fixed_lag"
+            elif bound is not None and staleness > bound:
+                rule = "adaptive_bound" if regime == "adaptive" and step not in unknown else "max_staleness"
+            else:
+                continue
+            violations.append({"step": step, "learner_version": v, "index": int(g["index"]),
+                               "group_id": g["group_id"], "staleness": staleness,
+                               "newest_staleness": newest_staleness, "bound": bound, "rule": rule})
+    total = sum(counts.values())
+    return {
+        "regime": regime,
+        "max_staleness": max_staleness,
+        "groups": total,
+        "max": max(counts, default=None),
+        "lags": [{"lag": lag, "groups": n, "share": n / total} for lag, n in sorted(counts.items())],
+        "violations": violations,
+        "bound_unknown_steps": sorted(unknown),
     }

@@ -49,7 +49,8 @@ class BanditEnv(TextEnv):
 
     max_actions_per_episode = 1
 
-    def __init__(self, **config: Any) -> None:
+    def __init__(self, *, render_mode: str | None = None, **config: Any) -> None:
+        super().__init__(render_mode=render_mode)
         self.config = build_config(BanditConfig, config)
         self.action_lookup = {1: self.config.lo_arm_name, 2: self.config.hi_arm_name}
         self._pull: tuple[str, float] | None = None

@@ -78,7 +78,9 @@ def build_config(config_cls: type[ConfigT], overrides: dict[str, Any]) -> Config
 class TextEnv(gym.Env):
     """Base class: reset(seed) -> (text, info), step(action string) -> gymnasium 5-tuple."""
 
-    metadata = {"render_modes": ["text"]}
+    # "text": render() returns the text observation. gymnasium's checker wants a positive render_fps
+    # whenever render modes are declared; nothing here is animated, so the value is nominal.
+    metadata = {"render_modes": ["text"], "render_fps": 1}
     # gymnasium's make() requires declared spaces: observations are text; actions are the env's action
     # names (see ``action_space``), or any text for free-form envs.
     observation_space = _TEXT_SPACE
@@ -94,6 +96,14 @@ class TextEnv(gym.Env):
 
     _terminated: bool | None = None
     """``None`` until the first reset, then whether the current episode has ended."""
+
+    def __init__(self, *, render_mode: str | None = None) -> None:
+        """Subclasses take ``render_mode`` (gymnasium's ``make`` passes it) besides their config options
+        and hand it here first: ``None`` or ``"text"``, stored as ``self.render_mode``."""
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            modes = " or ".join(repr(m) for m in self.metadata["render_modes"])
+            raise ValueError(f"{type(self).__name__}: render_mode must be None or {modes} (got {render_mode!r})")
+        self.render_mode = render_mode
 
     @abstractmethod
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:  # type: ignore[override]
@@ -122,7 +132,9 @@ class TextEnv(gym.Env):
 
     @abstractmethod
     def render(self) -> str:  # type: ignore[override]
-        """Text render of the current state."""
+        """Text render of the current state: the observation ``reset`` and ``step`` return (gymnasium's
+        ``"text"`` render mode). It is returned with ``render_mode=None`` too, because the agent and the
+        envs themselves build observations from it."""
 
     @property
     @abstractmethod

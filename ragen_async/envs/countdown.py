@@ -156,7 +156,8 @@ class CountdownEnv(TextEnv):
     )
     max_actions_per_episode = 1
 
-    def __init__(self, **config: Any) -> None:
+    def __init__(self, *, render_mode: str | None = None, **config: Any) -> None:
+        super().__init__(render_mode=render_mode)
         self.config = build_config(CountdownConfig, config)
         self.numbers: list[int] = []
         self.target = 0

@@ -110,7 +110,8 @@ class FrozenLakeEnv(TextEnv):
     }
     action_lookup = ACTION_NAMES
 
-    def __init__(self, **config: Any) -> None:
+    def __init__(self, *, render_mode: str | None = None, **config: Any) -> None:
+        super().__init__(render_mode=render_mode)
         self.config = build_config(FrozenLakeConfig, config)
         self.max_actions_per_episode = self.config.max_actions_per_episode
         self._lake: LakeMap | None = None

@@ -272,7 +272,8 @@ class SokobanEnv(TextEnv):
     }
     action_lookup = ACTION_NAMES
 
-    def __init__(self, **config: Any) -> None:
+    def __init__(self, *, render_mode: str | None = None, **config: Any) -> None:
+        super().__init__(render_mode=render_mode)
         self.config = build_config(SokobanConfig, config)
         if self.config.step_reward >= 0:
             self.instructions = self._instructions_free_moves

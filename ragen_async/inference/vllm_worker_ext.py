@@ -18,7 +18,6 @@ worker's (the CPU worker already has e.g. ``update_weights``).
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -61,7 +60,6 @@ class WeightSyncWorkerExtension:
     _ragen_pg: Any = None
     _ragen_group: str = ""
     _ragen_timeout_s: float = 60.0
-    _ragen_version: int | None = None
     _ragen_my_rank: int = -1
     _ragen_buffers: ReceiveBuffers | None = None
     """Receive buffers kept between broadcasts (each worker's own list, made on first use)."""
@@ -81,7 +79,6 @@ class WeightSyncWorkerExtension:
             quant_method = getattr(module, "quant_method", None)
             if quant_method is not None and hasattr(quant_method, "process_weights_after_loading"):
                 quant_method.process_weights_after_loading(module)
-        self._ragen_version = int(version)
         return {"num_tensors": len(named), "reload_s": time.perf_counter() - t0,
                 "version": int(version)}
 
@@ -137,20 +134,3 @@ class WeightSyncWorkerExtension:
         self._ragen_pg = None
         self._ragen_group = ""
         self._ragen_buffers = None
-
-    # ---- introspection (tests) --------------------------------------------------------------
-    def weights_checksum(self) -> dict[str, str]:
-        """sha1 of every non-empty parameter of the served model (vLLM's names and layouts). On CPU
-        the linear layers' weights live in oneDNN handles and their parameters are empty, so they
-        are absent here: compare log-probs to check those."""
-        model = self.model_runner.get_model()
-        out = {}
-        for name, p in model.named_parameters():
-            if p.numel() == 0:
-                continue
-            t = p.detach().to("cpu").contiguous().reshape(-1)
-            out[name] = hashlib.sha1(t.view(torch.uint8).numpy().tobytes()).hexdigest()
-        return out
-
-    def loaded_weight_version(self) -> int | None:
-        return self._ragen_version

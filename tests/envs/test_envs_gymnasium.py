@@ -8,16 +8,47 @@ import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from ragen_async.envs.registry import make_env_from_tag
+from ragen_async.envs.registry import ENV_CLASSES, ENV_TAGS, GYM_IDS, make_env_from_tag
 
 TAGS = ["Bandit", "SimpleSokoban", "FrozenLake", "Countdown"]
+
+
+def gym_make(tag: str, **kwargs) -> gym.Env:
+    """The tag's env through ``gymnasium.make`` (so it has a spec: ``check_env`` then also builds it in
+    every declared render mode)."""
+    name, preset = ENV_TAGS[tag]
+    return gym.make(GYM_IDS[name], **preset, **kwargs)
 
 
 @pytest.mark.parametrize("tag", TAGS)
 def test_check_env_passes_without_warnings(tag):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a checker warning is a failure too
-        check_env(make_env_from_tag(tag), skip_render_check=True)
+        check_env(gym_make(tag).unwrapped)  # the render check included
+        check_env(gym_make(tag, render_mode="text").unwrapped)
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_text_render_mode_renders_the_observation(tag):
+    env = gym_make(tag, render_mode="text")
+    assert env.render_mode == "text" and env.unwrapped.render_mode == "text"
+    obs, _ = env.reset(seed=5)
+    assert env.render() == obs
+    obs, *_ = env.step(env.action_space.sample())
+    assert env.render() == obs
+    assert make_env_from_tag(tag, render_mode="text").render_mode == "text"
+    assert make_env_from_tag(tag).render_mode is None
+
+
+@pytest.mark.parametrize("name", sorted(ENV_CLASSES))
+@pytest.mark.parametrize("mode", ["human", "rgb_array", "ansi", ""])
+def test_unknown_render_mode_is_refused(name, mode):
+    with pytest.raises(ValueError, match=r"render_mode must be None or 'text'"):
+        ENV_CLASSES[name](render_mode=mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # gymnasium warns about the mode first
+        with pytest.raises(ValueError, match=r"render_mode must be None or 'text'"):
+            gym.make(GYM_IDS[name], render_mode=mode)
 
 
 @pytest.mark.parametrize("tag", TAGS)
