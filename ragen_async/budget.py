@@ -7,11 +7,8 @@ budget (it is the same for every run and would otherwise punish frequent evaluat
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
-
-log = logging.getLogger(__name__)
 
 
 class TrainingBudget:
@@ -42,12 +39,12 @@ class TrainingBudget:
     def exhausted(self) -> bool:
         return self.limit_s is not None and self.spent_s >= self.limit_s
 
-    def is_last_step(self, done: int, total_steps: int) -> bool:
-        """Whether training ends after ``done`` steps: the step count is reached or the budget is spent."""
+    def end_reason(self, done: int, total_steps: int) -> str | None:
+        """Why training ends after ``done`` steps (the step count is reached or the budget is spent), or
+        ``None`` while it goes on: the line a run prints when it stops, naming the limit that ended it."""
         if done >= total_steps:
-            return True
+            return f"stopped after step {done}: total_steps={total_steps} reached"
         if self.exhausted:
-            log.warning("time budget of %.1f min spent after step %d of %d: stopping",
-                        self.limit_s / 60.0, done, total_steps)
-            return True
-        return False
+            return (f"stopped after step {done} of total_steps={total_steps}: time_budget_minutes="
+                    f"{self.limit_s / 60.0:g} spent ({self.spent_s / 60.0:.1f} min of training)")
+        return None

@@ -128,8 +128,12 @@ def train(
 
 def _check_model(path: str) -> None:
     if not (Path(path) / "config.json").is_file():
+        from ragen_async.tinymodel.warmstart import warm_start_command, warm_start_named_by
+
+        name = warm_start_named_by(path)
+        command = "ragen-async make-model" if name is None else warm_start_command(name)
         _fail(f"model.path={path!r} does not exist or is not a model directory; "
-              f"run `ragen-async make-model` or point model.path at a local checkpoint")
+              f"run `{command}` or point model.path at a local checkpoint")
 
 
 @app.command()
@@ -255,18 +259,41 @@ def eval_cmd(
 
 @app.command("make-model")
 def make_model(
-    out: Annotated[Path, typer.Option(help="output directory")] = Path("artifacts/tiny-model"),
+    out: Annotated[Path | None, typer.Option(help="output directory (default: artifacts/tiny-model, or "
+                                             "artifacts/tiny-model-NAME with --warm-start NAME)")] = None,
     seed: Annotated[int, typer.Option(help="build seed")] = 0,
     force: Annotated[bool, typer.Option(help="rebuild even if a complete build exists")] = False,
-    sft_steps: Annotated[int | None, typer.Option(help="SFT warm-start steps (default: the build config's)")] = None,
+    sft_steps: Annotated[int | None, typer.Option(help="SFT steps (default: the build config's)")] = None,
     report: Annotated[bool, typer.Option(help="print the base model's numbers after the build")] = True,
     seeds_per_tag: Annotated[int, typer.Option(help="episodes per env tag in the report")] = 64,
+    warm_start: Annotated[str | None, typer.Option(
+        help="build a solver-derived warm start from the base model instead: sokoban (the study's specimen, "
+             "`make specimen`) or frozen_lake")] = None,
+    eps: Annotated[float | None, typer.Option(help="--warm-start: share of random actions (default: its config's)")] = None,
+    episodes: Annotated[int | None, typer.Option(help="--warm-start: oracle episodes (default: its config's)")] = None,
+    checkpoints: Annotated[bool, typer.Option(help="--warm-start: also save every tenth of the SFT steps "
+                                              "to OUT.checkpoints/step-N")] = False,
 ) -> None:
-    """Build (once) the tiny Qwen2 model and tokenizer used on CPU, then print its base-policy numbers."""
+    """Build (once) the tiny Qwen2 model and tokenizer used on CPU, then print its base-policy numbers;
+    or, with --warm-start, an ε-noisy-oracle warm start from it."""
     _setup_logging()
+    if warm_start is not None:
+        from ragen_async.tinymodel.warmstart import WARM_STARTS, ensure_warm_start
+
+        if warm_start not in WARM_STARTS:
+            _fail(f"--warm-start must be one of {', '.join(WARM_STARTS)} (got {warm_start!r})")
+        overrides = {k: v for k, v in (("eps", eps), ("episodes", episodes), ("sft_steps", sft_steps)) if v is not None}
+        try:
+            ensure_warm_start(warm_start, out, seed=seed, force=force, checkpoints=checkpoints, **overrides)
+        except (ValueError, FileExistsError) as e:
+            _fail(str(e))
+        return
+    if eps is not None or episodes is not None or checkpoints:
+        _fail("--eps, --episodes and --checkpoints apply to --warm-start builds only")
     from ragen_async.tinymodel.cli import make_model as build
 
-    build(out, seed=seed, force=force, sft_steps=sft_steps, report=report, seeds_per_tag=seeds_per_tag)
+    build(out or Path("artifacts/tiny-model"), seed=seed, force=force, sft_steps=sft_steps, report=report,
+          seeds_per_tag=seeds_per_tag)
 
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (they measure and print tables; they assert nothing).")

@@ -188,7 +188,11 @@ class Trainer:
             self.log_episodes(step + 1, batch)
             prev_stats, done = stats, step + 1
             budget.pause()  # producers keep playing during validation; only learner time is charged
-            final = budget.is_last_step(done, cfg.total_steps)
+            reason = budget.end_reason(done, cfg.total_steps)
+            final = reason is not None
+            if final:
+                print(reason, flush=True)
+                log.info(reason)
             stopping = self.stop.signal_name is not None and not final
             if stopping or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and not final):
                 await self.save(done)

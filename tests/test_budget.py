@@ -48,12 +48,13 @@ def test_start_twice_does_not_reset_the_span():
     assert budget.spent_s == 60 and budget.exhausted
 
 
-def test_last_step_is_the_step_count_or_the_spent_budget():
+def test_the_run_ends_at_the_step_count_or_the_spent_budget_and_says_which():
     clock = FakeClock()
     budget = TrainingBudget(1.0, clock)
     budget.start()
-    assert not budget.is_last_step(3, 10)
-    assert budget.is_last_step(10, 10)
+    assert budget.end_reason(3, 10) is None
+    assert budget.end_reason(10, 10) == "stopped after step 10: total_steps=10 reached"
     clock.now += 60
-    assert budget.is_last_step(3, 10)
-    assert not TrainingBudget(None, clock).is_last_step(3, 10)
+    assert budget.end_reason(3, 10) == ("stopped after step 3 of total_steps=10: time_budget_minutes=1 spent "
+                                        "(1.0 min of training)")
+    assert TrainingBudget(None, clock).end_reason(3, 10) is None

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -234,6 +234,19 @@ def make_model_config(config: TinyModelConfig, tokenizer) -> Any:
     )
 
 
+class SFTSettings(Protocol):
+    """What :func:`sft` reads: :class:`TinyModelConfig` (the base build) and
+    ``warmstart.WarmStartConfig`` (a solver-derived warm start) both provide it."""
+
+    sft_steps: int
+    sft_batch_tokens: int
+    sft_lr: float
+    sft_warmup_steps: int
+    sft_weight_decay: float
+    sft_prompt_loss_weight: float
+    sft_feedback_loss_weight: float
+
+
 @dataclass
 class SFTExample:
     tag: str
@@ -258,6 +271,36 @@ def _reply_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
     return spans
 
 
+def grid_token_ids(chat) -> set[int]:
+    """The token ids of the grid symbols (one token each), whose prediction the feedback loss trains."""
+    ids = {symbol: chat.encode(symbol) for symbol in GRID_SYMBOLS}
+    assert all(len(v) == 1 for v in ids.values()), "every grid symbol must be one token"
+    return {v[0] for v in ids.values()}
+
+
+def trajectory_example(traj, group: int, grid_ids: set[int], invalid_turns: list[bool] | None = None) -> SFTExample | None:
+    """The SFT example of one played episode (``agent.episode.play_episode``, so token-exact with
+    rollouts): the reply tokens are the loss mask, less the replies flagged in ``invalid_turns`` (context
+    after a mistake, not a target); the grid cells of the env's feedback after the first reply are the
+    feedback mask. ``None`` when no reply is left to learn from."""
+    mask = traj.loss_mask.tolist()
+    spans = _reply_spans(mask)
+    assert len(spans) == len(traj.turns), (len(spans), len(traj.turns))
+    if invalid_turns is not None:
+        assert len(invalid_turns) == len(spans), (len(invalid_turns), len(spans))
+        for (start, end), invalid, turn in zip(spans, invalid_turns, traj.turns, strict=True):
+            assert turn.format_ok != invalid, f"{traj.env_tag}: scripted reply validity mismatch"
+            if invalid:
+                mask[start:end] = [0] * (end - start)
+    if not any(mask):
+        return None
+    ids = traj.token_ids.tolist()
+    first = mask.index(1)
+    grid = [int(i >= first and not m and t in grid_ids)
+            for i, (t, m) in enumerate(zip(ids, traj.loss_mask.tolist(), strict=True))]
+    return SFTExample(traj.env_tag, ids, mask, grid, group)
+
+
 def make_sft_examples(chat, config: TinyModelConfig, seed: int) -> list[SFTExample]:
     """Episodes of every tag played with random well-formed replies through ``play_episode``.
 
@@ -273,8 +316,7 @@ def make_sft_examples(chat, config: TinyModelConfig, seed: int) -> list[SFTExamp
                          max_tokens_per_turn=config.max_tokens_per_turn,
                          context_budget_tokens=config.max_position_embeddings)
     envs = {tag: corpus.make_env(tag) for tag in config.env_tags}
-    grid_ids = {chat.encode(symbol)[0] for symbol in GRID_SYMBOLS}
-    assert all(len(chat.encode(symbol)) == 1 for symbol in GRID_SYMBOLS)
+    grid_ids = grid_token_ids(chat)
     foreign = tuple(sorted({a for env in envs.values() for a in env.valid_actions()}))
     arm_names = tuple(sorted({name for env in envs.values() if isinstance(env, BanditEnv)
                               for name in (env.config.lo_arm_name, env.config.hi_arm_name)})) + corpus.ARM_NAMES
@@ -303,19 +345,9 @@ def make_sft_examples(chat, config: TinyModelConfig, seed: int) -> list[SFTExamp
                     policy.start_episode()
                     # Seeds far from the small ones evaluations use.
                     traj = await play_episode(policy, chat, env, tag, 1_000_000 + seed * 100_000 + i, limits)
-                    mask = traj.loss_mask.tolist()
-                    spans = _reply_spans(mask)
-                    assert len(spans) == len(policy.history) == len(traj.turns), (len(spans), len(policy.history))
-                    for (start, end), invalid, turn in zip(spans, policy.history, traj.turns, strict=True):
-                        assert turn.format_ok != invalid, f"{tag}: scripted reply validity mismatch"
-                        if invalid:
-                            mask[start:end] = [0] * (end - start)
-                    if any(mask):
-                        ids = traj.token_ids.tolist()
-                        first = mask.index(1)
-                        grid = [int(i >= first and not m and t in grid_ids) for i, (t, m) in
-                                enumerate(zip(ids, traj.loss_mask.tolist(), strict=True))]
-                        examples.append(SFTExample(tag, ids, mask, grid, group))
+                    example = trajectory_example(traj, group, grid_ids, invalid_turns=policy.history)
+                    if example is not None:
+                        examples.append(example)
                 policy.forced = None
         return examples
 
@@ -389,9 +421,11 @@ def sft_loss(model, ids: torch.Tensor, reply: torch.Tensor, *aux: torch.Tensor) 
     return [ce(m[:, 1:]) for m in (reply, *aux)]
 
 
-def sft(model, examples: list[SFTExample], config: TinyModelConfig, seed: int, pad_id: int,
-        log: Log = _print) -> list[float]:
-    """Supervised warm start; returns the per-step reply-token loss."""
+def sft(model, examples: list[SFTExample], config: SFTSettings, seed: int, pad_id: int,
+        log: Log = _print, on_report: Callable[[int], None] | None = None) -> list[float]:
+    """Supervised warm start; returns the per-step reply-token loss. At every progress report (each
+    tenth of ``config.sft_steps``, the last one included) ``on_report(steps_done)`` is called with the
+    model in train mode: a checkpoint hook."""
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -425,6 +459,8 @@ def sft(model, examples: list[SFTExample], config: TinyModelConfig, seed: int, p
             recent = losses[-report_every:]
             log(f"sft step {step + 1}/{config.sft_steps}: loss {sum(recent) / len(recent):.4f} "
                 f"({time.perf_counter() - t0:.0f} s)")
+            if on_report is not None:
+                on_report(step + 1)
     model.eval()
     return losses
 
@@ -496,14 +532,9 @@ def build_tiny_model(out_dir: Path | str, seed: int = 0, config: TinyModelConfig
         losses = sft(model, examples, config, seed, tokenizer.pad_token_id, log=log)
         timings["sft_s"] = time.perf_counter() - t
 
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
         do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=config.max_tokens_per_turn)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
     timings["total_s"] = time.perf_counter() - t_start
     info = {
         "complete": True,
@@ -525,14 +556,26 @@ def build_tiny_model(out_dir: Path | str, seed: int = 0, config: TinyModelConfig
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "tokenizers": tokenizers.__version__},
     }
-    (tmp / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+    save_model_dir(model, tokenizer, out_dir, info)
     final = info["sft_loss"].get("final")
     log(f"done in {timings['total_s']:.1f} s: {n_params:,} parameters, final SFT loss "
         f"{final if final is None else round(final, 4)} -> {out_dir}")
     return out_dir
+
+
+def save_model_dir(model, tokenizer, out_dir: Path, info: dict[str, Any]) -> None:
+    """Write model, tokenizer, generation config and ``build_info.json`` (``info``) into ``out_dir`` at
+    once: everything goes to a temporary sibling first, which then replaces ``out_dir``."""
+    out_dir = Path(out_dir)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
 
 
 def _check_replaceable(out_dir: Path) -> None:

@@ -5,7 +5,8 @@ Everything here goes through the real agent code (``agent.prompts`` for prompt t
 ``agent.parsing.format_reply`` for reply text), so the tokenizer's merges fit exactly the text rollouts
 produce. Replies are *task-agnostic*: uniformly random valid actions, a uniformly random number of
 them per turn, and a short generic thought — the warm-started model learns the format and nothing
-about the tasks.
+about the tasks. :class:`NoisyOraclePolicy` is the exception, for a *solver-derived* warm start
+(``tinymodel.warmstart``): the oracle's moves with deliberate noise.
 """
 
 from __future__ import annotations
@@ -130,6 +131,43 @@ class RandomFormatPolicy(ReplyPolicy):
         else:
             text = random_reply_text(env, actions_left, self.max_actions_per_turn, self.rng)
         self.history.append(invalid)
+        ids = self.chat.encode(text) + [self.chat.end_of_turn_id]
+        return Generation(token_ids=ids, logprobs=[0.0] * len(ids), start_version=0, end_version=0,
+                          finish_reason="stop")
+
+
+class NoisyOraclePolicy(ReplyPolicy):
+    """Scripted policy of a solver-derived warm start: each reply carries ``actions_per_reply`` actions
+    (fewer when fewer are left); each action is, with probability ``eps``, a uniformly random valid one,
+    otherwise the oracle's next move (``env.oracle_actions``; random once no plan exists, e.g. a level
+    made unsolvable). Actions after the first are planned from the state *before* the reply, as a model
+    writing several moves at once would. ``kinds`` counts the actions by where they came from."""
+
+    def __init__(self, chat: ChatFormat, eps: float, actions_per_reply: int = 1, seed: int = 0):
+        if not 0.0 <= eps <= 1.0:
+            raise ValueError(f"eps must be in [0, 1], got {eps}")
+        if actions_per_reply < 1:
+            raise ValueError(f"actions_per_reply must be >= 1, got {actions_per_reply}")
+        self.chat = chat
+        self.eps = eps
+        self.actions_per_reply = actions_per_reply
+        self.rng = random.Random(seed)
+        self.kinds = {"oracle": 0, "random": 0, "no_plan": 0}
+
+    async def reply(self, context_ids, env, actions_left, max_tokens, request_seed):
+        n = max(1, min(self.actions_per_reply, actions_left))
+        plan = env.oracle_actions(n)
+        actions = []
+        for i in range(n):
+            if self.rng.random() < self.eps:
+                kind, action = "random", env.random_action(self.rng)
+            elif i < len(plan):
+                kind, action = "oracle", plan[i]
+            else:
+                kind, action = "no_plan", env.random_action(self.rng)
+            self.kinds[kind] += 1
+            actions.append(action)
+        text = format_reply(actions, think=self.rng.choice(GENERIC_THOUGHTS))
         ids = self.chat.encode(text) + [self.chat.end_of_turn_id]
         return Generation(token_ids=ids, logprobs=[0.0] * len(ids), start_version=0, end_version=0,
                           finish_reason="stop")
