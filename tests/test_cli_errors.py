@@ -28,3 +28,18 @@ def test_report_baseline_must_be_name_equals_success(tmp_path):
         result = CliRunner().invoke(app, ["report", str(tmp_path), "--baseline", bad, "--out", str(tmp_path / "r")])
         assert result.exit_code == 2 and "expected NAME=SUCCESS" in result.output, result.output
         assert not (tmp_path / "r").exists()
+
+
+def test_training_the_specimen_without_its_model_names_the_command_that_builds_it(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    config = Path("configs/tiny/specimen_sokoban.yaml").resolve()
+    monkeypatch.chdir(tmp_path)  # no artifacts/ here
+    result = CliRunner().invoke(app, ["train", str(config), f"run_root={tmp_path / 'runs'}"])
+    assert result.exit_code == 2, result.output
+    assert "`ragen-async make-model --warm-start sokoban`" in " ".join(result.output.split()), result.output
+    assert not (tmp_path / "runs").exists()
+    result = CliRunner().invoke(app, ["make-model", "--warm-start", "sokobon"])
+    assert result.exit_code == 2 and "--warm-start must be one of sokoban, frozen_lake" in result.output, result.output
+    result = CliRunner().invoke(app, ["make-model", "--eps", "0.2"])
+    assert result.exit_code == 2 and "--warm-start builds only" in result.output, result.output

@@ -51,18 +51,18 @@ def test_the_warm_start_prompts_are_what_the_specimen_rollouts_send(name, config
         cfg.agent.max_turns, cfg.agent.max_actions_per_turn, cfg.agent.max_tokens_per_turn)
 
 
-def test_noisy_oracle_data_is_mostly_oracle_moves_and_eps_one_is_all_random(tiny_model_dir):
+@pytest.mark.parametrize("tag", ["SimpleSokoban", "FrozenLake"])
+def test_noisy_oracle_data_is_mostly_oracle_moves_and_eps_one_is_all_random(tiny_model_dir, tag):
     from ragen_async.agent.chat import ChatFormat
 
     chat = ChatFormat.from_pretrained(str(tiny_model_dir))
-    examples, data = make_examples(chat, WarmStartConfig(env_tag="SimpleSokoban", episodes=40), seed=0)
+    examples, data = make_examples(chat, WarmStartConfig(env_tag=tag, episodes=40, eps=0.1), seed=0)
     assert len(examples) == 40 and data["actions"]["random"] > 0
     assert data["actions"]["oracle"] > 4 * data["actions"]["random"]
-    assert data["success"] > 0.5
     # every reply carries one action: "Keep the reply under 64 tokens" is in every prompt
     text = chat.decode(examples[0].token_ids, skip_special_tokens=False)
     assert "64 tokens" in text and "400 tokens" not in text
-    _, noise = make_examples(chat, WarmStartConfig(env_tag="SimpleSokoban", episodes=40, eps=1.0), seed=0)
+    _, noise = make_examples(chat, WarmStartConfig(env_tag=tag, episodes=40, eps=1.0), seed=0)
     assert noise["actions"]["oracle"] == 0 and noise["success"] < data["success"]
 
 
