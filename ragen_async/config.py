@@ -239,7 +239,7 @@ class WeightSyncConfig(_Strict):
     """Seconds a weight sync (and the learner group's rendezvous and collectives) may take before it fails."""
     verify_every: int = Field(0, ge=0)
     """Every this many syncs, compare each engine's log-probs of a fixed probe sequence with the
-    learner's (``weight_sync/probe_max_abs_diff``); 0 = never. A broken sync shows up here first."""
+    learner's under the version published (fixed lag: the older one), as ``weight_sync/probe_max_abs_diff``; 0 = never."""
 
 
 class TransportConfig(_Strict):

@@ -275,8 +275,8 @@ class Trainer:
         await self.runtime.admission.set_published_version(self.version)
         self.syncs += 1
         every = self.cfg.weight_sync.verify_every
-        if every and self.syncs % every == 0 and target == self.version:  # (fixed lag serves an older version)
-            learner_lp, engine_lps = await self.runtime.probe(probe_ids(self.runtime.vocab_size))
+        if every and self.syncs % every == 0:  # under fixed lag against the older version the engines got
+            learner_lp, engine_lps = await self.runtime.probe(probe_ids(self.runtime.vocab_size), target)
             out["weight_sync/probe_max_abs_diff"] = max(
                 float(np.max(np.abs(np.asarray(e[1:]) - np.asarray(learner_lp[1:])))) for e in engine_lps)
         return out

@@ -262,7 +262,7 @@ class RayRuntime(Runtime):
             self._learners_broken = True
             ready, _ = ray.wait(calls, num_returns=len(calls), timeout=0)
             dead = [r for r, c in enumerate(calls) if c in ready and _failed(c)]
-            logs = "".join(self._log_note(f"learner-{r}") for r in dead[:1])
+            logs = "".join(self._log_note(f"learner-{r}") for r in dead)
             raise RuntimeError(f"learner rank(s) {dead or '?'} died during {phase}{logs}; the run stops here. "
                                "Continue from the latest checkpoint with `ragen-async train --resume RUN_DIR`") from e
 
@@ -300,10 +300,10 @@ class RayRuntime(Runtime):
             if isinstance(res, BaseException):
                 raise res
 
-    async def probe(self, token_ids: list[int]) -> tuple[list[float], list[list[float]]]:
+    async def probe(self, token_ids: list[int], version: int) -> tuple[list[float], list[list[float]]]:
         # every rank: under FSDP the learner's forward is a collective
         learner_lps, *engine_lps = await asyncio.gather(
-            self._on_learners("probe_logprobs", token_ids, phase="the weight-sync probe"),
+            self._on_learners("probe_logprobs", token_ids, 1.0, version, phase="the weight-sync probe"),
             *[r.probe_logprobs.remote(token_ids) for r in self.rollouts])
         return learner_lps[0], engine_lps
 

@@ -101,8 +101,9 @@ class Runtime(ABC):
         """Load the weights of ``version`` (the current one, or an older one under fixed lag) into every engine."""
 
     @abstractmethod
-    async def probe(self, token_ids: list[int]) -> tuple[list[float], list[list[float]]]:
-        """Log-probs of ``token_ids`` from learner rank 0 and from every engine (weight-sync check)."""
+    async def probe(self, token_ids: list[int], version: int) -> tuple[list[float], list[list[float]]]:
+        """Log-probs of ``token_ids`` from learner rank 0 under the weights of ``version`` (the current
+        ones, or under fixed lag the published older ones) and from every engine (weight-sync check)."""
 
     @abstractmethod
     async def validate(self) -> dict[str, float]:
@@ -167,7 +168,8 @@ class LocalRuntime(Runtime):
         assert version == self.learner.policy_version, "the local runtime serves the current version only"
         await self.publisher.apublish(self.learner.named_weights(), version)
 
-    async def probe(self, token_ids: list[int]) -> tuple[list[float], list[list[float]]]:
+    async def probe(self, token_ids: list[int], version: int) -> tuple[list[float], list[list[float]]]:
+        assert version == self.learner.policy_version, "the local runtime serves the current version only"
         return self.learner.probe_logprobs(token_ids), [await self.engine.prompt_logprobs(token_ids)]
 
     async def validate(self) -> dict[str, float]:

@@ -49,10 +49,11 @@ def run_local(cfg, engine=None, run_dir=None, resume=False):
     return run_dir, sink.records, runtime
 
 
-def test_three_steps_with_the_fake_engine(tiny_model_path, tmp_path):
+def test_three_steps_with_the_fake_engine(tiny_model_path, tmp_path, capsys):
     cfg = bandit_cfg(tiny_model_path, tmp_path)
     engine = fake_bandit_engine(ChatFormat.from_pretrained(tiny_model_path))
     run_dir, records, trainer = run_local(cfg, engine)
+    assert "stopped after step 3: total_steps=3 reached" in capsys.readouterr().out  # which limit ended it
     steps = [r for r in records if "actor/grad_norm" in r]
     assert [r["learner/step"] for r in steps] == [1, 2, 3]
     for key in REQUIRED:
@@ -81,12 +82,13 @@ def test_resume_continues_exactly(tiny_model_path, tmp_path):
         assert resumed[0][key] == pytest.approx(straight[2][key], rel=1e-5, abs=1e-7), key
 
 
-def test_time_budget_stops_at_a_step_boundary_with_validation_and_checkpoint(tiny_model_path, tmp_path):
+def test_time_budget_stops_at_a_step_boundary_with_validation_and_checkpoint(tiny_model_path, tmp_path, capsys):
     """A budget far below one step's time: exactly one step, then the final validation and checkpoint."""
     cfg = bandit_cfg(tiny_model_path, tmp_path, "total_steps=50", "validation.every=10",
                      "time_budget_minutes=1e-6")
     engine = fake_bandit_engine(ChatFormat.from_pretrained(tiny_model_path))
     run_dir, records, _ = run_local(cfg, engine)
+    assert "stopped after step 1 of total_steps=50: time_budget_minutes=1e-06 spent" in capsys.readouterr().out
     steps = [r for r in records if "actor/grad_norm" in r]
     assert [r["learner/step"] for r in steps] == [1]
     assert steps[0]["timing/budget_spent_s"] > 0

@@ -92,14 +92,13 @@ def test_staleness_bound_is_exercised_and_exact_across_a_resume(tiny_model_path,
     after 3 steps and is resumed to 6.
 
     Bounded: every consumed token is at most k versions old, staleness above 0 happened, admission
-    refused at least once, every sync verified. Fixed lag: every group is exactly min(k, v) old and nothing
-    is dropped. Across the resume: no index (so no seed) is trained on twice, every index's seed is the
+    refused at least once, every sync verified. Fixed lag: every group is exactly min(k, v) old, nothing
+    is dropped, every sync verified against the older version published. Across the resume: no index (so no seed) is trained on twice, every index's seed is the
     uninterrupted run's (base + index), groups in flight at the stop are replayed under their own index,
     the bound holds, and fixed lag stays exact (its ring was checkpointed).
     """
-    over = [f"staleness.max_staleness={k}", f"staleness.fixed_lag={str(fixed_lag).lower()}"]
-    if not fixed_lag:
-        over.append("weight_sync.verify_every=1")
+    over = [f"staleness.max_staleness={k}", f"staleness.fixed_lag={str(fixed_lag).lower()}",
+            "weight_sync.verify_every=1"]
     run_dir, first, _ = run_ray(ray_cfg(tiny_model_path, tmp_path, *over, "total_steps=3"), during=attack)
     rejected = sum(v for key, v in first[-1].items() if key.startswith("transport/rejected/"))
     assert rejected >= 2
@@ -132,6 +131,8 @@ def test_staleness_bound_is_exercised_and_exact_across_a_resume(tiny_model_path,
                        for g in p["groups"]), p
         assert sum(r["staleness/dropped_groups"] for r in steps) == 0
         assert all(r["weight_sync/published_version"] == max(0, r["policy_version"] - k) for r in steps)
+        # every sync verified against the older version the engines got (the learner's ring copy)
+        assert all(r["weight_sync/probe_max_abs_diff"] < 1e-3 for r in steps)
     else:
         assert max(staleness) > 0  # staleness happened: the bound was exercised, not only respected
         for r in steps:

@@ -142,8 +142,14 @@ class LearnerActor:
         self.publisher.publish(self._weights(version), version)
         return time.perf_counter() - t0
 
-    def probe_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
-        return self.learner.probe_logprobs(token_ids, temperature)
+    def probe_logprobs(self, token_ids: list[int], temperature: float = 1.0, version: int | None = None) -> list[float]:
+        """The learner's side of the weight-sync probe, under the weights of ``version`` (default: the
+        current ones; under fixed lag an older one from the ring, on rank 0, the others return [])."""
+        if version is None or version == self.learner.policy_version:
+            return self.learner.probe_logprobs(token_ids, temperature)
+        if self.rank != 0:
+            return []
+        return self.learner.probe_logprobs(token_ids, temperature, weights=dict(self._weights(version)))
 
     def policy_version(self) -> int:
         return self.learner.policy_version

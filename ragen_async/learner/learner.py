@@ -182,6 +182,8 @@ class Learner:
                                              weight_decay=lc.weight_decay) if self.critic is not None else None)
         self.policy_version = 0
         self.skipped_steps = 0
+        self._probe_model: nn.Module | None = None
+        """An unsharded copy of the actor for probing older weights (fixed lag); built on first use."""
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         if not self.distributed:
@@ -443,14 +445,26 @@ class Learner:
         return sums
 
     @torch.no_grad()
-    def probe_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
+    def probe_logprobs(self, token_ids: list[int], temperature: float = 1.0,
+                       weights: dict[str, torch.Tensor] | None = None) -> list[float]:
         """Log-prob of each token of a fixed sequence given its prefix (position 0 gets 0.0): the
         learner's side of the engine/learner agreement check. Through :class:`TokenLogits`, so a long
-        sequence's logits are computed in chunks as in training."""
+        sequence's logits are computed in chunks as in training. ``weights`` (full tensors in Hugging
+        Face naming, e.g. an older version kept for fixed lag): computed with those instead, in a
+        separate unsharded copy of the actor (loaded once, then overwritten each time)."""
+        head = self.actor_head
+        if weights is not None:
+            if self._probe_model is None:
+                self._probe_model = load_actor(self.cfg.model.path, self.cfg.model.dtype).to(self.device).eval()
+            missing, unexpected = self._probe_model.load_state_dict(weights, strict=False)
+            tied = {"lm_head.weight"} if self._probe_model.config.tie_word_embeddings else set()
+            if set(missing) - tied or unexpected:
+                raise ValueError(f"probe weights do not fit the actor: missing {missing}, unexpected {unexpected}")
+            head = TokenLogits(self._probe_model)
         ids = torch.tensor([token_ids], device=self.device)
         positions = torch.arange(ids.shape[1] - 1, device=self.device)
-        logprobs, _ = self.actor_head(ids, positions, ids[0, 1:], temperature=temperature,
-                                      chunk_tokens=self.cfg.learner.logits_chunk_tokens)
+        logprobs, _ = head(ids, positions, ids[0, 1:], temperature=temperature,
+                           chunk_tokens=self.cfg.learner.logits_chunk_tokens)
         return [0.0] + self._fetch(logprobs)
 
     # ------------------------------------------------------------------ weights and checkpoints

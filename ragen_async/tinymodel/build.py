@@ -55,7 +55,7 @@ DEFAULT_OUT_DIR = Path("artifacts/tiny-model")
 Log = Callable[[str], None]
 
 
-def _print(msg: str) -> None:
+def print_log(msg: str) -> None:
     print(f"[make-model] {msg}", flush=True)
 
 
@@ -188,7 +188,7 @@ def is_complete_build(out_dir: Path, key: str | None = None) -> bool:
 
 
 @contextlib.contextmanager
-def _deterministic(seed: int, num_threads: int) -> Iterator[None]:
+def deterministic(seed: int, num_threads: int) -> Iterator[None]:
     """Seed every generator and pin torch to ``num_threads`` deterministic threads; restore after."""
     prev_threads = torch.get_num_threads()
     prev_det = torch.are_deterministic_algorithms_enabled()
@@ -422,7 +422,7 @@ def sft_loss(model, ids: torch.Tensor, reply: torch.Tensor, *aux: torch.Tensor) 
 
 
 def sft(model, examples: list[SFTExample], config: SFTSettings, seed: int, pad_id: int,
-        log: Log = _print, on_report: Callable[[int], None] | None = None) -> list[float]:
+        log: Log = print_log, on_report: Callable[[int], None] | None = None) -> list[float]:
     """Supervised warm start; returns the per-step reply-token loss. At every progress report (each
     tenth of ``config.sft_steps``, the last one included) ``on_report(steps_done)`` is called with the
     model in train mode: a checkpoint hook."""
@@ -465,7 +465,7 @@ def sft(model, examples: list[SFTExample], config: SFTSettings, seed: int, pad_i
     return losses
 
 
-def _loss_summary(losses: list[float]) -> dict[str, Any]:
+def loss_summary(losses: list[float]) -> dict[str, Any]:
     if not losses:
         return {"steps": 0}
     k = max(1, len(losses) // 10)
@@ -484,7 +484,7 @@ def _loss_summary(losses: list[float]) -> dict[str, Any]:
 
 
 def build_tiny_model(out_dir: Path | str, seed: int = 0, config: TinyModelConfig | None = None,
-                     log: Log = _print, **overrides: Any) -> Path:
+                     log: Log = print_log, **overrides: Any) -> Path:
     """Build the tiny model into ``out_dir`` (replacing a previous build there); returns ``out_dir``.
 
     ``overrides`` are :class:`TinyModelConfig` fields (e.g. ``sft_steps=20`` for a quick build).
@@ -498,13 +498,13 @@ def build_tiny_model(out_dir: Path | str, seed: int = 0, config: TinyModelConfig
 
     config = dataclasses.replace(config or TinyModelConfig(), **overrides)
     out_dir = Path(out_dir)
-    _check_replaceable(out_dir)
+    check_replaceable(out_dir)
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
     key = cache_key(config, seed)
     log(f"building the tiny model into {out_dir} (seed {seed}, cache key {key})")
 
-    with _deterministic(seed, config.num_threads):
+    with deterministic(seed, config.num_threads):
         t = time.perf_counter()
         texts = list(corpus.corpus_texts(config.env_tags, config.tokenizer_episodes_per_tag, seed=seed,
                                              bandit_rename_prob=config.bandit_rename_prob))
@@ -550,7 +550,7 @@ def build_tiny_model(out_dir: Path | str, seed: int = 0, config: TinyModelConfig
         "parameter_count": n_params,
         "vocab_size": len(tokenizer),
         "sft_data": {"episodes": len(examples), "tokens": n_tokens, "reply_tokens": n_reply},
-        "sft_loss": _loss_summary(losses),
+        "sft_loss": loss_summary(losses),
         "timings_s": {k: round(v, 2) for k, v in timings.items()},
         "build_wall_time_s": round(timings["total_s"], 2),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
@@ -578,7 +578,7 @@ def save_model_dir(model, tokenizer, out_dir: Path, info: dict[str, Any]) -> Non
     tmp.rename(out_dir)
 
 
-def _check_replaceable(out_dir: Path) -> None:
+def check_replaceable(out_dir: Path) -> None:
     """Refuse to overwrite anything but an empty directory or an earlier tiny-model build."""
     if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir()) and not (out_dir / BUILD_INFO).is_file())):
         raise FileExistsError(f"{out_dir} exists and is not a tiny-model build (no {BUILD_INFO}); "
@@ -586,7 +586,7 @@ def _check_replaceable(out_dir: Path) -> None:
 
 
 def ensure_tiny_model(out_dir: Path | str = DEFAULT_OUT_DIR, seed: int = 0, config: TinyModelConfig | None = None,
-                      force: bool = False, log: Log = _print, **overrides: Any) -> Path:
+                      force: bool = False, log: Log = print_log, **overrides: Any) -> Path:
     """Return ``out_dir`` holding a complete build for (``config`` + ``overrides``, ``seed``), building it
     only when it is missing, incomplete or built from a different config."""
     config = dataclasses.replace(config or TinyModelConfig(), **overrides)

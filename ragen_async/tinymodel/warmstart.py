@@ -170,7 +170,7 @@ def scripted_success(config: WarmStartConfig, kind: str, first_seed: int, n: int
 
 def build_warm_start(name: str, out_dir: Path | str | None = None, base_dir: Path | str = build.DEFAULT_OUT_DIR,
                      seed: int = 0, config: WarmStartConfig | None = None, checkpoints: bool = False,
-                     log: build.Log = build._print, **overrides: Any) -> Path:
+                     log: build.Log = build.print_log, **overrides: Any) -> Path:
     """Build warm start ``name`` (:data:`WARM_STARTS`, with ``overrides``) from the complete base build
     in ``base_dir`` into ``out_dir``. ``checkpoints`` also writes the model at every tenth of the SFT
     steps to ``<out_dir>.checkpoints/step-N``."""
@@ -184,7 +184,7 @@ def build_warm_start(name: str, out_dir: Path | str | None = None, base_dir: Pat
     base_info = build.read_build_info(base_dir)
     if not build.is_complete_build(base_dir) or base_info is None:
         raise FileNotFoundError(f"{base_dir} holds no complete base build; run `ragen-async make-model` first")
-    build._check_replaceable(out_dir)
+    build.check_replaceable(out_dir)
     key = cache_key(config, seed, base_info["cache_key"])
     t_start = time.perf_counter()
     log(f"warm start {name!r} ({config.env_tag}, eps {config.eps}, {config.episodes} episodes, "
@@ -192,7 +192,7 @@ def build_warm_start(name: str, out_dir: Path | str | None = None, base_dir: Pat
     tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
     chat = ChatFormat(tokenizer)
     timings: dict[str, float] = {}
-    with build._deterministic(seed, config.num_threads):
+    with build.deterministic(seed, config.num_threads):
         t = time.perf_counter()
         examples, data = make_examples(chat, config, seed)
         timings["sft_data_s"] = time.perf_counter() - t
@@ -227,7 +227,7 @@ def build_warm_start(name: str, out_dir: Path | str | None = None, base_dir: Pat
     }
     timings["reference_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - t_start
-    info.update(sft_loss=build._loss_summary(losses), timings_s={k: round(v, 2) for k, v in timings.items()},
+    info.update(sft_loss=build.loss_summary(losses), timings_s={k: round(v, 2) for k, v in timings.items()},
                 build_wall_time_s=round(timings["total_s"], 2))
     build.save_model_dir(model, tokenizer, out_dir, info)
     ref = info["reference_success"]
@@ -237,7 +237,7 @@ def build_warm_start(name: str, out_dir: Path | str | None = None, base_dir: Pat
 
 
 def ensure_warm_start(name: str, out_dir: Path | str | None = None, base_dir: Path | str = build.DEFAULT_OUT_DIR,
-                      seed: int = 0, force: bool = False, checkpoints: bool = False, log: build.Log = build._print,
+                      seed: int = 0, force: bool = False, checkpoints: bool = False, log: build.Log = build.print_log,
                       **overrides: Any) -> Path:
     """``out_dir`` holding warm start ``name`` for (its config + ``overrides``, ``seed``, the base build
     in ``base_dir``), building the base model and then the warm start only when missing or stale."""

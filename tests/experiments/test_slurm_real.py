@@ -3,7 +3,7 @@
 
 One job covers the whole life of a run on a cluster: the Ray cluster forms over both nodes, training
 starts, the time-limit warning arrives (SIGUSR1 to the batch shell, what ``--signal=B:USR1@180``
-sends), the trainer checkpoints and exits, the job requeues itself, the requeued job resumes the run
+sends), the trainer checkpoints and exits (into ``<run_root>/slurm-<jobid>``, the run's own run_root), the job requeues itself, the requeued job resumes the run
 from the checkpoint, and the run completes with every step logged once and a clean audit.
 """
 
@@ -43,10 +43,10 @@ def steps_logged(run_dir: Path) -> list[int]:
 
 def test_two_node_job_forms_the_cluster_requeues_on_the_time_limit_warning_and_resumes(slurm, tiny_model_path,
                                                                                        tmp_path):
-    run_dir = tmp_path / "run"
+    run_root = tmp_path / "runs"
     out = tmp_path / "job.out"
     ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
-    env = {"RAGEN_VENV": str(Path(sys.executable).parents[1]), "RAGEN_RUN_DIR": str(run_dir),
+    env = {"RAGEN_VENV": str(Path(sys.executable).parents[1]),
            "RAY_OBJECT_STORE_BYTES": str(150 * 2**20), "RAY_TMP_ROOT": ray_tmp,
            "RAY_START_TIMEOUT": "180", "WANDB_MODE": "disabled", "RAY_AUTH_MODE": "disabled"}
     submit = slurm.run([
@@ -55,9 +55,10 @@ def test_two_node_job_forms_the_cluster_requeues_on_the_time_limit_warning_and_r
         "configs/tiny/starpo_s_bandit.yaml", f"model.path={tiny_model_path}", f"total_steps={TOTAL_STEPS}",
         "rollout.num_workers=2", "learner.num_ranks=1", "rollout.group_size=4",
         "rollout.envs=[{tag: Bandit, n_groups: 4}]", "learner.mini_batch_size=2", "learner.micro_batch_size=2",
-        "validation.every=0", "inference.kv_cache_gib=0.5", "logging.console=false"],
+        "validation.every=0", "inference.kv_cache_gib=0.5", "logging.console=false", f"run_root={run_root}"],
         env=env, cwd=REPO)
     job = submit.stdout.strip().split(";")[0]
+    run_dir = run_root / f"slurm-{job}"  # the job's run_root is honoured, not the submit directory's runs/
 
     def log() -> str:
         return out.read_text() if out.exists() else ""
@@ -93,6 +94,7 @@ def test_two_node_job_forms_the_cluster_requeues_on_the_time_limit_warning_and_r
     assert 3 <= stopped < TOTAL_STEPS
     # The run: every step once, every group once, a clean audit.
     assert steps_logged(run_dir) == list(range(1, TOTAL_STEPS + 1))
+    assert not (REPO / "runs" / f"slurm-{job}").exists()
     audit = subprocess.run([sys.executable, "-m", "ragen_async.cli", "audit", str(run_dir)], capture_output=True,
                            text=True, cwd=REPO)
     assert audit.returncode == 0, audit.stdout + audit.stderr

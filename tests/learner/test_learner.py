@@ -261,3 +261,20 @@ def test_single_on_policy_update_skips_the_actor_recompute_without_changing_the_
     assert calls == [False]  # the actor's no-grad pass was skipped
     assert metrics["mismatch/k3_kl"] == pytest.approx(float(expected), abs=1e-7)
     assert metrics["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-7)
+
+
+def test_the_probe_under_older_weights_is_that_version_s_not_the_current_one(tiny_model_path):
+    """Fixed lag publishes an older version: the probe must score the probe sequence with those weights
+    (what the engines hold), in a copy of the actor, leaving the learner's own untouched."""
+    cfg = make_cfg(tiny_model_path, "learner.actor_lr=1e-2")
+    learner = Learner(cfg)
+    ids = make_shard(tiny_model_path, cfg)[0].trajectories[0].token_ids.tolist()[:40]
+    before = {name: w.clone() for name, w in learner.named_weights()}
+    at_v0 = learner.probe_logprobs(ids)
+    learner.train_step(make_shard(tiny_model_path, cfg)[0])
+    at_v1 = learner.probe_logprobs(ids)
+    assert max(abs(a - b) for a, b in zip(at_v0, at_v1, strict=True)) > 1e-3  # the step moved the policy
+    assert learner.probe_logprobs(ids, weights=before) == pytest.approx(at_v0, abs=1e-6)
+    assert learner.probe_logprobs(ids) == at_v1  # the learner's own weights are untouched
+    with pytest.raises(ValueError, match="do not fit"):
+        learner.probe_logprobs(ids, weights={"no.such.weight": torch.zeros(1)})
