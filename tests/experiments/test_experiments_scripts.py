@@ -236,8 +236,10 @@ def fake_slurm(tmp_path):
                           'export SLURMD_NODENAME=node-a SLURM_PROCID=0\nexec "$@"\n')
     stub(bin_dir, "hostname", 'echo "fe80::1 10.1.2.3"\n')
     stub(bin_dir, "ray", 'echo "ray $*" >> "$LOG"\n[[ $1 == start ]] && exec sleep 60\nexit 0\n')
-    # python: `python -` counts the Ray nodes started; else it is the trainer (DRIVER_MODE: ok | fail | hang).
+    # python: `python -` counts the Ray nodes started; `python -c` (the run_root lookup) is the real interpreter;
+    # else it is the trainer (DRIVER_MODE: ok | fail | hang).
     stub(bin_dir, "python", 'if [[ $1 == - ]]; then grep -c "^ray start" "$LOG"; exit 0; fi\n'
+                            f'[[ $1 == -c ]] && exec {sys.executable} "$@"\n'
                             'echo "driver $* RAY_ADDRESS=$RAY_ADDRESS AUTH=$RAY_AUTH_MODE" >> "$LOG"\n'
                             'case $DRIVER_MODE in fail) exit 3 ;; hang)\n'
                             '  trap \'echo "driver got SIGTERM" >> "$LOG"; kill $!; exit 75\' TERM\n'
@@ -272,6 +274,14 @@ def test_sbatch_starts_ray_on_every_node_runs_the_driver_and_stops_ray(fake_slur
     assert driver == f"driver -u -m ragen_async.cli train {CONFIG} seed=1 runtime=ray --run-dir runs/slurm-4242 " \
                      f"RAY_ADDRESS=10.1.2.3:{port} AUTH=disabled"
     assert "stopping Ray on 2 node(s)" in result.stdout
+
+
+def test_sbatch_puts_the_run_under_the_run_root_the_command_line_sets(fake_slurm, tmp_path):
+    env, log = fake_slurm
+    result = run(["bash", str(SCRIPTS[2]), CONFIG, f"run_root={tmp_path}/elsewhere"], env={**env, "DRIVER_MODE": "ok"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    driver = next(c for c in log.read_text().splitlines() if c.startswith("driver"))
+    assert f"--run-dir {tmp_path}/elsewhere/slurm-4242 " in driver
 
 
 def test_sbatch_passes_the_trainer_exit_status_and_resumes_sweeps_as_saved(fake_slurm):
