@@ -362,12 +362,16 @@ def train(cfg: RunConfig | None = None, *, resume: Path | None = None, runtime: 
             raise FileNotFoundError(f"{resume} is not a run directory (no config.yaml)")
         cfg = load_config(run_dir.config_path)
         checkpoint = run_dir.latest_checkpoint()
-        if checkpoint is not None:
-            step = int(json.loads((checkpoint / DRIVER_STATE).read_text())["step"])
-            # Records past the checkpoint belong to steps that will run again: rewind them. W&B cannot
-            # rewind offline, so it skips the steps it already has (no duplicate points).
-            skip_wandb_until = rewind_jsonl(run_dir.metrics_path, step, key="learner/step")
-            rewind_jsonl(run_dir.episodes_path, step, key="learner/step")
+        # Without a checkpoint (stopped before its first one, or weights not kept) the run starts over.
+        step = -1 if checkpoint is None else int(json.loads((checkpoint / DRIVER_STATE).read_text())["step"])
+        if checkpoint is None:
+            print(f"{resume} has no checkpoint: training it from the start", flush=True)
+        # Records past the checkpoint belong to steps that will run again: rewind them. W&B cannot
+        # rewind offline, so it skips the steps it already has (no duplicate points).
+        skip_wandb_until = rewind_jsonl(run_dir.metrics_path, step, key="learner/step")
+        rewind_jsonl(run_dir.episodes_path, step, key="learner/step")
+        if checkpoint is None:  # (with a checkpoint, run_trainer rewinds provenance to it)
+            rewind_jsonl(run_dir.path / "provenance.jsonl", step, key="step")
     else:
         assert cfg is not None
         run_dir = RunDir.create(cfg, run_dir_path)

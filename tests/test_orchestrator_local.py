@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 
 import pytest
 
+from ragen_async import orchestrator
 from ragen_async.agent.chat import ChatFormat
 from ragen_async.agent.parsing import format_reply
 from ragen_async.config import load_config
@@ -133,13 +135,10 @@ def test_sigterm_stops_after_the_current_step_with_a_checkpoint_and_resume_compl
     """SLURM's time-limit warning or a preemption notice (SIGTERM; SIGUSR1 alike): the step in progress
     finishes, a checkpoint is written although ``checkpoint_every`` is 0, ``Interrupted`` names the resume
     command, the previous signal handler is back, and ``--resume`` runs the remaining steps."""
-    import json
     import os
     import signal
     import threading
     import time
-
-    from ragen_async import orchestrator
 
     cfg = bandit_cfg(tiny_model_path, tmp_path, "total_steps=8", "validation.every=0", "checkpoint_every=0",
                      "logging.wandb_mode=disabled")
@@ -167,6 +166,23 @@ def test_sigterm_stops_after_the_current_step_with_a_checkpoint_and_resume_compl
 
     orchestrator.train(None, resume=path, runtime=LocalRuntime(cfg, fake_bandit_engine(chat)))
     assert steps_logged() == list(range(1, 9))
+
+
+def test_resuming_a_run_without_a_checkpoint_trains_it_from_the_start(tiny_model_path, tmp_path, capsys):
+    """A run dir whose weights were not kept (a study's sweep carried to another clone): its records are
+    dropped and it trains again from step 1, with no duplicate steps in metrics or provenance."""
+    chat = ChatFormat.from_pretrained(tiny_model_path)
+    cfg = bandit_cfg(tiny_model_path, tmp_path, "total_steps=2", "validation.every=2")
+    path = tmp_path / "run"
+    orchestrator.train(cfg, runtime=LocalRuntime(cfg, fake_bandit_engine(chat)), run_dir_path=path)
+    shutil.rmtree(path / "checkpoints")
+    orchestrator.train(None, resume=path, runtime=LocalRuntime(cfg, fake_bandit_engine(chat)))
+    assert f"{path} has no checkpoint: training it from the start" in capsys.readouterr().out
+    records = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["learner/step"] for r in records if "actor/grad_norm" in r] == [1, 2]
+    assert [r["learner/step"] for r in records if "val/Bandit/success" in r] == [0, 2]
+    provenance = [json.loads(line) for line in (path / "provenance.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in provenance] == [1, 2]
 
 
 def test_sampled_episodes_are_written_as_text_every_n_steps(tiny_model_path, tmp_path):
