@@ -30,6 +30,14 @@ class TrainingBudget:
             self._spent_s += self._clock() - self._started
             self._started = None
 
+    def state(self) -> dict[str, float]:
+        """What a checkpoint keeps (taken between steps, while paused): the training time already spent."""
+        return {"spent_s": self.spent_s}
+
+    def restore(self, state: dict[str, float]) -> None:
+        """Continue a resumed run's budget where its checkpoint left it, paused."""
+        self._spent_s, self._started = float(state["spent_s"]), None
+
     @property
     def spent_s(self) -> float:
         running = 0.0 if self._started is None else self._clock() - self._started

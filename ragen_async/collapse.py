@@ -64,6 +64,14 @@ class CollapseWatch:
         self.below = 0
         self.fired = False
 
+    def state(self) -> dict[str, float | int | bool | None]:
+        """Peak, validations below it and whether the alert fired: what a resumed run must remember."""
+        return {"peak": self.peak if math.isfinite(self.peak) else None, "below": self.below, "fired": self.fired}
+
+    def restore(self, state: dict[str, float | int | bool | None]) -> None:
+        self.peak = -math.inf if state["peak"] is None else float(state["peak"])
+        self.below, self.fired = int(state["below"]), bool(state["fired"])
+
     def update(self, value: float) -> bool:
         if not math.isfinite(value):
             return False

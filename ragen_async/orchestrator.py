@@ -149,6 +149,8 @@ class Trainer:
         self._drops: list[dict] = []
         self.collapse_watch = CollapseWatch()
         """Validation success against its peak (``alert/collapse`` and a sink alert when it falls)."""
+        self.budget = TrainingBudget(cfg.time_budget_minutes)
+        """Training time spent (validation excluded) against ``time_budget_minutes``; kept by checkpoints."""
         self.warnings = EarlyWarning()
         """The early-warning signals, step by step (``warning/<signal>``)."""
         self._tokenizer: Any = None
@@ -167,7 +169,7 @@ class Trainer:
             last_val = await self.validate(0)
         await rt.start()
         prev_stats = await rt.rollout_stats()
-        budget = TrainingBudget(cfg.time_budget_minutes)
+        budget = self.budget
         done = self.start_step
         for step in range(self.start_step, cfg.total_steps):
             budget.start()
@@ -324,7 +326,9 @@ class Trainer:
         await self.runtime.save(path, step)
         state = {"step": step, "version": self.version, "syncs": self.syncs,
                  "admission": await self.runtime.admission.state(), "early_warning": self.warnings.state(),
-                 "adaptive": self.bound.state() if self.bound is not None else None}
+                 "adaptive": self.bound.state() if self.bound is not None else None,
+                 "budget": self.budget.state(), "collapse_watch": self.collapse_watch.state(),
+                 "duplicate_groups": self.duplicates}
         (path / DRIVER_STATE).write_text(json.dumps(state))
         return finalize_checkpoint(self.run_dir, path, step)
 
@@ -338,6 +342,10 @@ class Trainer:
         await self.runtime.admission.restore(state["admission"])
         if "early_warning" in state:
             self.warnings.restore(state["early_warning"])
+        if "budget" in state:  # (checkpoints written before 2026-12-03 do not have these)
+            self.budget.restore(state["budget"])
+            self.collapse_watch.restore(state["collapse_watch"])
+            self.duplicates = int(state["duplicate_groups"])
         if self.bound is not None and state.get("adaptive"):
             self.bound.restore(state["adaptive"])
             self.buffer.set_max_staleness(self.bound.k)

@@ -21,6 +21,7 @@ this process started it.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import secrets
@@ -39,6 +40,9 @@ from ragen_async.rollout.actor import AdmissionGate, RolloutActor
 from ragen_async.runtime import Admission, Runtime
 from ragen_async.transport import bind_address, make_receiver, make_sender
 from ragen_async.weight_sync import WeightSyncTimeout, resolve_backend
+
+RUNTIME_STATE = "runtime_state.json"
+"""In a checkpoint: the runtime's running counters (rollout actors replaced, groups abandoned with them)."""
 
 log = logging.getLogger(__name__)
 
@@ -327,9 +331,15 @@ class RayRuntime(Runtime):
 
     async def save(self, path: Path, step: int) -> None:
         await asyncio.gather(*[lrn.save_checkpoint.remote(str(path), step) for lrn in self.learners])
+        counters = {"actor_restarts": self.restarts, "abandoned_groups": self.abandoned}
+        (Path(path) / RUNTIME_STATE).write_text(json.dumps(counters))
 
     async def load(self, path: Path) -> int:
         versions = await asyncio.gather(*[lrn.load_checkpoint.remote(str(path)) for lrn in self.learners])
+        counters = Path(path) / RUNTIME_STATE
+        if counters.is_file():  # (checkpoints written before 2026-12-03 do not have it)
+            state = json.loads(counters.read_text())
+            self.restarts, self.abandoned = int(state["actor_restarts"]), int(state["abandoned_groups"])
         return int(versions[0])
 
     @property

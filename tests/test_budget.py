@@ -58,3 +58,17 @@ def test_the_run_ends_at_the_step_count_or_the_spent_budget_and_says_which():
     assert budget.end_reason(3, 10) == ("stopped after step 3 of total_steps=10: time_budget_minutes=1 spent "
                                         "(1.0 min of training)")
     assert TrainingBudget(None, clock).end_reason(3, 10) is None
+
+
+def test_a_resumed_budget_continues_from_what_was_spent():
+    clock = FakeClock()
+    budget = TrainingBudget(1.0, clock)
+    budget.start()
+    clock.now += 45
+    budget.pause()
+    resumed = TrainingBudget(1.0, clock)
+    resumed.restore(budget.state())
+    assert resumed.spent_s == 45 and not resumed.exhausted
+    resumed.start()
+    clock.now += 15
+    assert resumed.exhausted  # 45 + 15 = the 60 s limit: a requeued run does not get its minutes again

@@ -2,6 +2,7 @@
 
 import asyncio
 import math
+import time
 
 from ragen_async.collapse import CollapseWatch
 from ragen_async.config import load_config
@@ -40,3 +41,59 @@ def test_the_trainer_logs_the_alert_and_tells_the_sink(tmp_path):
     assert [r["alert/collapse"] for r in sink.records] == [0.0, 0.0, 0.0, 1.0, 0.0]
     assert len(sink.alerts) == 1 and sink.alerts[0][0] == "Collapse"
     assert "step 30" in sink.alerts[0][1] and "0.900" in sink.alerts[0][1]
+
+
+def test_a_resumed_watch_remembers_the_peak_and_the_validations_below_it():
+    watch = CollapseWatch()
+    for v in (0.2, 0.9, 0.3):
+        watch.update(v)
+    resumed = CollapseWatch()
+    resumed.restore(watch.state())
+    assert resumed.update(0.2)  # the second validation below half of 0.9, counting the one before the resume
+    fresh = CollapseWatch()
+    fresh.restore(CollapseWatch().state())  # no validation yet: the peak stays unset
+    assert fresh.peak == -math.inf and not fresh.update(0.0)
+
+
+class FakeAdmission:
+    async def state(self):
+        return {"outstanding": [], "refusals": 0}
+
+    async def restore(self, state):
+        self.restored = state
+
+
+class CheckpointingRuntime(ScriptedValidation):
+    """Validation from a script; checkpoints that hold only the driver's state."""
+
+    def __init__(self, values):
+        super().__init__(values)
+        self.admission = FakeAdmission()
+
+    async def save(self, path, step):
+        path.mkdir(parents=True, exist_ok=True)
+
+    async def load(self, path):
+        return 0
+
+
+def test_a_resumed_trainer_continues_the_budget_the_collapse_watch_and_the_duplicate_count(tmp_path):
+    cfg = load_config("configs/tiny/starpo_s_bandit.yaml", [f"run_root={tmp_path}", "logging.console=false",
+                                                               "time_budget_minutes=30"])
+    run_dir = RunDir.create(cfg)
+    trainer = Trainer(cfg, run_dir, MemorySink(), CheckpointingRuntime([0.2, 0.9, 0.3]))
+    for step in (0, 10, 20):
+        asyncio.run(trainer.validate(step))
+    trainer.budget.start()
+    time.sleep(0.01)
+    trainer.budget.pause()
+    trainer.duplicates = 2
+    checkpoint = asyncio.run(trainer.save(20))
+
+    sink = MemorySink()
+    resumed = Trainer(cfg, run_dir, sink, CheckpointingRuntime([0.2]))
+    asyncio.run(resumed.resume(checkpoint))
+    assert resumed.budget.spent_s == trainer.budget.spent_s >= 0.01
+    assert resumed.duplicates == 2
+    asyncio.run(resumed.validate(30))  # the second validation below half of 0.9: the alert fires
+    assert sink.records[-1]["alert/collapse"] == 1.0 and "0.900" in sink.alerts[0][1]

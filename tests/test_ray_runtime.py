@@ -7,6 +7,7 @@ step, and the bound must hold in it. One Ray session serves the whole module.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -334,3 +335,28 @@ def test_adaptive_staleness_tightens_the_real_gate_of_an_fsdp_pool_and_the_new_b
     for step in (4, 7):
         ckpt = run_dir.checkpoints / f"step_{step:06d}"
         assert (ckpt / "actor" / "model.safetensors").exists() and (ckpt / "learner_state.pt").exists()
+
+
+def test_the_runtime_s_counters_travel_with_the_checkpoint(tmp_path):
+    """Rollout actors replaced and groups abandoned are running totals: a resumed run continues them."""
+    from ragen_async.ray_runtime import RayRuntime
+
+    class Call:
+        def __init__(self, result):
+            self.result = result
+
+        def remote(self, *args):
+            async def done():
+                return self.result
+            return done()
+
+    class Learner:
+        save_checkpoint, load_checkpoint = Call(None), Call(7)
+
+    before = RayRuntime.__new__(RayRuntime)  # only the counters and the learner calls; no cluster
+    before.learners, before.restarts, before.abandoned = [Learner()], 2, 5
+    asyncio.run(before.save(tmp_path, 3))
+    after = RayRuntime.__new__(RayRuntime)
+    after.learners, after.restarts, after.abandoned = [Learner()], 0, 0
+    assert asyncio.run(after.load(tmp_path)) == 7
+    assert (after.restarts, after.abandoned) == (2, 5)

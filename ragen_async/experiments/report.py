@@ -159,6 +159,11 @@ class RunData:
         return str(_lookup(self.config, "algo.off_policy", "none"))
 
     @property
+    def actor_lr(self) -> float:
+        value = _lookup(self.config, "learner.actor_lr")
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+    @property
     def seed(self) -> Any:
         return _lookup(self.config, "seed")
 
@@ -323,6 +328,8 @@ class RunSummary:
     step_time: float
     tokens_per_s: float = math.nan
     groups_per_s: float = math.nan
+    actor_lr: float = math.nan
+    """The actor's learning rate (NaN where the config does not say): the study's step-size arm."""
     collapse: Collapse = Collapse(False, None, math.nan, None)
     lead: dict[str, int | None] = field(default_factory=dict)
     """Per early-warning signal, steps from its first firing to the collapse (``study.lead_times``)."""
@@ -378,7 +385,8 @@ def summarize(run: RunData, threshold: float = 0.9) -> RunSummary:
                             else "time budget" if run.budget_spent else "partial")
     return RunSummary(
         name=run.name, status=status, k=run.k, k_known=run.has_config, fixed_lag=run.fixed_lag,
-        off_policy=run.off_policy, seed=run.seed, steps=run.last_step, total_steps=total, val=envs,
+        off_policy=run.off_policy, actor_lr=run.actor_lr, seed=run.seed, steps=run.last_step, total_steps=total,
+        val=envs,
         first_val=overall.first, final_val=overall.final, best_val=overall.best, reached_at=overall.reached_at,
         staleness_mean=_nanmean(run.series("staleness/mean")[1]),
         staleness_max=_nanmax(run.series("staleness/max")[1]),
@@ -469,9 +477,9 @@ def _csv_rows(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
     rows = []
     for s in summaries:
         row: dict[str, Any] = {
-            "run": s.name, "k": s.k_label, "fixed_lag": s.fixed_lag, "off_policy": s.off_policy, "seed": s.seed,
-            "status": s.status, "steps": s.steps, "total_steps": s.total_steps, "first_val": s.first_val,
-            "final_val": s.final_val,
+            "run": s.name, "k": s.k_label, "fixed_lag": s.fixed_lag, "off_policy": s.off_policy,
+            "actor_lr": s.actor_lr, "seed": s.seed, "status": s.status, "steps": s.steps,
+            "total_steps": s.total_steps, "first_val": s.first_val, "final_val": s.final_val,
             "best_val": s.best_val, "val_reached": float(s.reached_at is not None), "val_reached_at": s.reached_at,
             "staleness_mean": s.staleness_mean,
             "staleness_max": s.staleness_max, "grad_norm_max": s.grad_norm_max, "entropy_min": s.entropy_min,
@@ -708,9 +716,16 @@ def plot_cells(runs: Sequence[RunData], summaries: Sequence[RunSummary], out: Pa
     return _save(fig, out / "cells_val_success.png")
 
 
+SUMMARY_PANELS = (("final_val", "final validation success", (0.0, 1.0)),
+                  ("grad_norm_max", "max gradient norm", (0.0, math.inf)))
+"""The summary plot's panels: attribute, label, and the range its intervals are clipped to."""
+
+
 def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path | None:
-    """Final validation success and largest gradient norm against k, a marker shape per correction:
-    every run as a point, and per (k, correction, lag) the mean over seeds with its 95 % interval."""
+    """Final validation success and largest gradient norm against k: every run as a point, and per
+    (correction, lag, step size) the mean over seeds at each k with its 95 % interval, clipped to the
+    quantity's range (a success stays in [0, 1], a norm above 0). A marker shape per correction, filled
+    for bounded and hollow for fixed lag; the step size is named in the legend where it varies."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
@@ -719,36 +734,45 @@ def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path |
         return None
     finite = sorted({s.k for s in known if s.k is not None})
     unbounded_x = (max(finite) + 1) if finite else 0
-    groups = sorted({(s.off_policy, s.fixed_lag) for s in known})
-    palette = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink")
-    group_color = {g: palette[i % len(palette)] for i, g in enumerate(sorted({g[0] for g in groups}))}
+
+    def arm(s: RunSummary) -> tuple[str, bool, float]:
+        return s.off_policy, s.fixed_lag, -1.0 if math.isnan(s.actor_lr) else s.actor_lr
+
+    groups = sorted({arm(s) for s in known})
+    several_lr = len({g[2] for g in groups}) > 1
+    palette = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
+    colors = sorted({(g[0], g[2]) for g in groups})
+    group_color = {c: palette[i % len(palette)] for i, c in enumerate(colors)}
     offsets = {g: (i - (len(groups) - 1) / 2) * 0.06 for i, g in enumerate(groups)}
 
     fig = Figure(figsize=(10, 4.2), layout="constrained")
     axes = fig.subplots(1, 2)
-    panels = (("final_val", "final validation success"), ("grad_norm_max", "max gradient norm"))
-    for ax, (attr, label) in zip(axes, panels, strict=True):
+    for ax, (attr, label, (low, high)) in zip(axes, SUMMARY_PANELS, strict=True):
         for group in groups:
-            mode, fixed = group
-            members = [s for s in known if (s.off_policy, s.fixed_lag) == group and math.isfinite(getattr(s, attr))]
+            mode, fixed, lr = group
+            members = [s for s in known if arm(s) == group and math.isfinite(getattr(s, attr))]
             if not members:
                 continue
             xs = np.array([unbounded_x if s.k is None else s.k for s in members], dtype=float)
             ys = np.array([getattr(s, attr) for s in members])
-            color = group_color[mode]
+            color = group_color[(mode, lr)]
             ax.scatter(xs + offsets[group], ys, marker=MARKERS.get(mode, "D"), s=36, alpha=0.8,
                        facecolors="none" if fixed else color, edgecolors=color)
-            cells = [(x, *study.interval(ys[xs == x].tolist())[:2]) for x in np.unique(xs)]
-            ax.errorbar([c[0] + offsets[group] for c in cells], [c[1] for c in cells],
-                        yerr=[0.0 if not math.isfinite(c[2]) else c[2] for c in cells], color=color,
-                        ls="--" if fixed else "-", lw=1, alpha=0.8, capsize=4)
+            cells = [(x + offsets[group], *study.error_bar(ys[xs == x].tolist(), low, high)) for x in np.unique(xs)]
+            ax.errorbar([c[0] for c in cells], [c[1] for c in cells], yerr=[[c[2] for c in cells], [c[3] for c in cells]],
+                        color=color, ls="--" if fixed else "-", lw=1, alpha=0.8, capsize=4)
         ticks = finite + ([unbounded_x] if any(s.k is None for s in known) else [])
         ax.set_xticks(ticks, [str(k) for k in finite] + (["∞"] if len(ticks) > len(finite) else []))
         ax.set(xlabel="max staleness k (policy versions)", ylabel=label, title=label + " vs k")
         ax.grid(alpha=0.3)
-    handles = [Line2D([], [], color=group_color[m], marker=MARKERS.get(m, "D"), ls="--" if f else "-",
-                      markerfacecolor="none" if f else group_color[m], label=f"{m} · {'fixed lag' if f else 'bounded'}")
-               for m, f in groups]
+
+    def legend(mode: str, fixed: bool, lr: float) -> str:
+        step = f" · lr {lr:g}" if several_lr and lr >= 0 else ""
+        return f"{mode} · {'fixed lag' if fixed else 'bounded'}{step}"
+
+    handles = [Line2D([], [], color=group_color[(m, lr)], marker=MARKERS.get(m, "D"), ls="--" if f else "-",
+                      markerfacecolor="none" if f else group_color[(m, lr)], label=legend(m, f, lr))
+               for m, f, lr in groups]
     axes[1].legend(handles=handles, fontsize=8, frameon=False, loc="best")
     return _save(fig, out / "staleness_stability.png")
 

@@ -21,7 +21,7 @@ from scipy import stats
 
 from ragen_async.collapse import SIGNAL_KEYS, SIGNALS, Collapse, EarlyWarning
 
-__all__ = ["signal_steps", "lead_times", "interval", "t95", "cell_table", "format_mean_ci"]
+__all__ = ["signal_steps", "lead_times", "interval", "error_bar", "t95", "cell_table", "format_mean_ci"]
 
 
 def signal_steps(steps: np.ndarray, values: np.ndarray, signal: str, window: int = 5) -> np.ndarray:
@@ -61,6 +61,15 @@ def interval(values: Sequence[float]) -> tuple[float, float, int]:
         return float(x[0]), math.nan, 1
     half = t95(n) * float(x.std(ddof=1)) / math.sqrt(n)
     return float(x.mean()), half, n
+
+
+def error_bar(values: Sequence[float], low: float = -math.inf, high: float = math.inf) -> tuple[float, float, float]:
+    """(mean, length below, length above) of the 95 % interval over ``values``, clipped to the quantity's
+    range [low, high] (a success rate cannot leave [0, 1], a norm cannot go below 0); zero lengths with
+    fewer than two values."""
+    mean, half, _ = interval(values)
+    half = half if math.isfinite(half) else 0.0
+    return mean, mean - max(low, mean - half), min(high, mean + half) - mean
 
 
 def cell_table(runs: pd.DataFrame, cell_columns: Sequence[str], value_columns: Sequence[str]) -> pd.DataFrame:

@@ -59,6 +59,16 @@ def test_interval_is_the_t_interval():
     assert study.interval([]) == (pytest.approx(math.nan, nan_ok=True),) * 2 + (0,)
 
 
+def test_error_bars_stay_within_the_quantity_s_range():
+    values = [0.02, 0.05, 0.30]  # a wide interval around a mean near 0
+    mean, half, _ = study.interval(values)
+    assert mean - half < 0
+    m, below, above = study.error_bar(values, 0.0, 1.0)
+    assert m == pytest.approx(mean) and below == pytest.approx(mean) and above == pytest.approx(half)
+    assert study.error_bar([0.9, 0.99, 1.0], 0.0, 1.0)[2] == pytest.approx(1.0 - np.mean([0.9, 0.99, 1.0]))
+    assert study.error_bar([0.4]) == (0.4, 0.0, 0.0)
+
+
 def test_the_report_pools_seeds_into_cells_with_intervals(tmp_path, make_run):
     root = tmp_path / "sweep"
     finals = {0: 0.6, 1: 0.8, 2: 1.0}

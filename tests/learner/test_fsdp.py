@@ -30,7 +30,9 @@ rounding difference in g moves it by a fraction of lr (measured: 6.7e-5 in 1 of 
 tiny model built on another host; a wrong gradient moves thousands of entries by about lr)."""
 RESUME_ATOL = 2e-6
 """The next step after a round trip through another strategy's checkpoint vs the uninterrupted one
-(measured: at most 3.8e-7). Within one strategy the resumed step is bit for bit the same."""
+(measured: at most 3.8e-7 on most entries). Within one strategy the resumed step is bit for bit the same.
+Across strategies the gradient is reduced in another order, so ``STEP_OUTLIERS`` applies as after step 1
+(measured on 2026-12-03: one entry of 0.9 M at 3.3e-6, single process -> FSDP)."""
 PROBE = list(range(1, 40))
 """Token ids for a probe forward (no backward)."""
 
@@ -196,12 +198,17 @@ def test_fsdp_full_weights_and_checkpoints_across_strategies_and_rank_counts(tin
     step = torch.cat([(rec["fsdp2"][n] - rec["fsdp1"][n]).abs().flatten() for n in single1])
     assert float(step.median()) > 100 * RESUME_ATOL
     _assert_weights_close(rec["fsdp->fsdp"], rec["fsdp2"], 0.0, "FSDP -> FSDP")
-    _assert_weights_close(rec["ddp->fsdp"], rec["ddp2"], RESUME_ATOL, "DDP -> FSDP")
-    _assert_weights_close(rec["fsdp->ddp"], rec["fsdp2"], RESUME_ATOL, "FSDP -> DDP")
-    _assert_weights_close(rec["single->fsdp"], single2, RESUME_ATOL, "single process -> FSDP")
-    _assert_weights_close(rec["old->fsdp"], single2, RESUME_ATOL, "old-format checkpoint -> FSDP")
+    _assert_weights_close(rec["ddp->fsdp"], rec["ddp2"], RESUME_ATOL, "DDP -> FSDP",
+                          STEP_OUTLIERS)
+    _assert_weights_close(rec["fsdp->ddp"], rec["fsdp2"], RESUME_ATOL, "FSDP -> DDP",
+                          STEP_OUTLIERS)
+    _assert_weights_close(rec["single->fsdp"], single2, RESUME_ATOL, "single process -> FSDP",
+                          STEP_OUTLIERS)
+    _assert_weights_close(rec["old->fsdp"], single2, RESUME_ATOL, "old-format checkpoint -> FSDP",
+                          STEP_OUTLIERS)
     resumed = Learner(cfg)
     assert resumed.load_checkpoint(ckpt / "fsdp") == {"step": 1} and resumed.policy_version == 1
     resumed.train_step(whole)
-    _assert_weights_close(_weights(resumed), rec["fsdp2"], RESUME_ATOL, "FSDP -> single process")
+    _assert_weights_close(_weights(resumed), rec["fsdp2"], RESUME_ATOL, "FSDP -> single process",
+                          STEP_OUTLIERS)
     print(f"spawned ranks {rec['seconds']:.1f} s, whole test {time.perf_counter() - t0:.1f} s")
