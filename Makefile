@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed-$(EXTRA)-$(shell cat pyproject.toml | sha1sum | cut 
 export WANDB_SILENT := true
 MAKEFLAGS += --no-print-directory
 
-.PHONY: setup model specimen demo test test-fast test-gpu lint clean
+.PHONY: setup model specimen demo test test-fast test-gpu device-wheels lint clean
 
 $(STAMP): pyproject.toml
 	@test -d $(VENV) || $(STAGE) venv $(LOGS)/venv.log $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,16 @@ test-fast: model
 # The tests that need a CUDA GPU (skipped elsewhere): on a GPU machine, `make test-gpu EXTRA=gpu`.
 test-gpu: model
 	WANDB_MODE=disabled RAY_AUTH_MODE=disabled $(PY) -m pytest -q -s -m gpu -rs --durations=0
+
+# For scripts/device_check.sh on a lent GPU machine (Python 3.12, torch and transformers there, no network):
+# the project's other dependencies as cp312 wheels in .whl/ (ignored by git; carried to the machine).
+DEVICE_WHEELS := pyzmq==27.3.0 msgspec==0.23.0 blake3==1.0.11 gymnasium==1.2.2 farama-notifications==0.0.6 \
+	pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 omegaconf==2.4.0
+device-wheels: $(STAMP)
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl $(DEVICE_WHEELS)
+	@du -sh .whl
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ragen_async tests

@@ -399,6 +399,44 @@ def bench_weights_cmd(
                  "a barrier after the receiver finished", format_weights(rows), out)
 
 
+@bench_app.command("learner")
+def bench_learner_cmd(
+    shape: Annotated[str, typer.Option(help="qwen0.5b (random weights, bf16) or tiny (the tiny model, fp32)")] = "qwen0.5b",
+    device: Annotated[str, typer.Option(help="torch device: cuda, cuda:1, cpu")] = "cuda",
+    steps: Annotated[int, typer.Option(help="timed learner steps per setting (the table shows medians)")] = 5,
+    warmup: Annotated[int, typer.Option(help="learner steps before the timed ones")] = 2,
+    trajectories: Annotated[int, typer.Option(help="trajectories per step (a paper step's share of one rank: 8)")] = 8,
+    checkpointing: Annotated[list[str] | None, typer.Option(
+        help="activation checkpointing settings to time: off, on (repeatable; default both)")] = None,
+    peak_tflops: Annotated[float, typer.Option(help="the device's bf16 peak, MFU's denominator")] = 790.0,
+    json_out: Annotated[Path | None, typer.Option("--json", help="also write the rows as JSON here")] = None,
+    out: Annotated[Path | None, typer.Option(help="append the table to this markdown file")] = None,
+) -> None:
+    """One learner rank's StarPO-S step at paper scale: tokens/s, peak memory and MFU, with and without
+    activation checkpointing."""
+    from ragen_async.experiments.learner_bench import bench_learner, format_table, rows_json
+
+    settings = checkpointing or ["off", "on"]
+    if bad := [c for c in settings if c not in ("off", "on")]:
+        raise typer.BadParameter(f"--checkpointing takes off or on, not {', '.join(bad)}")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise typer.BadParameter(f"--device {device}: torch sees no CUDA device here (use --device cpu)")
+    rows = bench_learner(shape, device, tuple(c == "on" for c in settings), steps, warmup, trajectories,
+                         peak_flops=peak_tflops * 1e12,
+                         on_row=lambda r: print(f"  {r.shape} on {r.device}, checkpointing "
+                                                f"{'on' if r.checkpointing else 'off'}: {r.step_s:.3f} s/step", flush=True))
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(rows_json(rows), indent=1))
+    _print_bench("Learner benchmark", f"ragen-async bench learner --shape {shape} --device {device} --steps {steps}",
+                 "one rank's share of a paper-scale step (configs/paper/starpo_s_sokoban.yaml: 8 trajectories of up to "
+                 "4,000 tokens), synthetic token ids; MFU = 6 x parameters x tokens x (actor + critic) / step time / "
+                 f"{peak_tflops:g} TFLOP/s", format_table(rows), out)
+
+
 @bench_app.command("cluster")
 def bench_cluster_cmd(
     n: Annotated[list[int] | None, typer.Option("--n", help="rollout actors (repeatable)")] = None,

