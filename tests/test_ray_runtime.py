@@ -99,7 +99,7 @@ def test_staleness_bound_is_exercised_and_exact_across_a_resume(tiny_model_path,
     the bound holds, and fixed lag stays exact (its ring was checkpointed).
     """
     over = [f"staleness.max_staleness={k}", f"staleness.fixed_lag={str(fixed_lag).lower()}",
-            "weight_sync.verify_every=1"]
+            "weight_sync.verify_every=1", "time_budget_minutes=60"]
     run_dir, first, _ = run_ray(ray_cfg(tiny_model_path, tmp_path, *over, "total_steps=3"), during=attack)
     rejected = sum(v for key, v in first[-1].items() if key.startswith("transport/rejected/"))
     assert rejected >= 2
@@ -156,6 +156,15 @@ def test_staleness_bound_is_exercised_and_exact_across_a_resume(tiny_model_path,
     final = json.loads((run_dir.checkpoints / "step_000006" / "driver_state.json").read_text())
     accounting = audit(provenance, final["admission"], 6)  # what `ragen-async audit` checks
     assert accounting["consumed"] == 24 and not accounting["duplicates"] and not accounting["unexplained"]
+    # The time budget continues where the checkpoint left it (a requeued run does not get it again), and
+    # so do the running counters.
+    spent = [r["timing/budget_spent_s"] for r in steps]
+    assert spent == sorted(spent) and spent[3] > saved["budget"]["spent_s"] >= spent[2] > 0
+    assert final["budget"]["spent_s"] >= spent[5]
+    for key in ("transport/duplicate_groups", "rollout/actor_restarts", "rollout/abandoned_groups"):
+        assert [r[key] for r in steps] == sorted(r[key] for r in steps), key
+    assert json.loads((run_dir.checkpoints / "step_000003" / "runtime_state.json").read_text()) == {
+        "actor_restarts": first[-1]["rollout/actor_restarts"], "abandoned_groups": first[-1]["rollout/abandoned_groups"]}
 
 
 def test_k0_ray_reproduces_the_local_reference(tiny_model_path, tmp_path):
