@@ -36,7 +36,8 @@ QWEN_0_5B = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads":
              "tie_word_embeddings": True, "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6}
 """Qwen2.5-0.5B's architecture (its config.json), for a model of its shape with random weights."""
 H200_BF16_PEAK = 790e12
-"""An 8192^3 bf16 matrix product through PyTorch on the lent H200 (docs/benchmarks.md): MFU's denominator."""
+"""An 8192^3 bf16 matrix product through PyTorch on the lent H200, as measured there (788 TFLOP/s on random
+data): MFU's denominator."""
 PAPER_CONFIG = "configs/paper/starpo_s_sokoban.yaml"
 
 
