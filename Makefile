@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 $(MODEL)/build_info.json: $(STAMP)
-	@$(STAGE) "model build ($(MODEL), about 4 min on 2 cores)" $(LOGS)/model.log \
+	@$(STAGE) "model build ($(MODEL), about 6 min on 2 cores)" $(LOGS)/model.log \
 		$(VENV)/bin/ragen-async make-model --out $(MODEL) --no-report
 
 model: $(MODEL)/build_info.json
