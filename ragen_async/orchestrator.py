@@ -36,6 +36,7 @@ from ragen_async.budget import TrainingBudget
 from ragen_async.buffer import Batch, TrajectoryBuffer
 from ragen_async.collapse import SIGNALS, CollapseWatch, EarlyWarning
 from ragen_async.config import RunConfig, load_config
+from ragen_async.engine_pool import EnginePool
 from ragen_async.logfiles import keep_traceback, log_dir, loggers_to, output_to
 from ragen_async.metrics import ConsoleSink, JsonlSink, MetricsSink, MultiSink, WandbSink, resolve_wandb_mode
 from ragen_async.protocol import NO_VERSION
@@ -92,12 +93,13 @@ def make_buffer(cfg: RunConfig) -> TrajectoryBuffer:
         group_size=cfg.rollout.group_size)
 
 
-def make_runtime(cfg: RunConfig, log_dir: Path | None = None) -> Runtime:
-    """The configured runtime; engine and worker output goes to files in ``log_dir`` (None: the console)."""
+def make_runtime(cfg: RunConfig, log_dir: Path | None = None, pool: EnginePool | None = None) -> Runtime:
+    """The configured runtime; engine and worker output goes to files in ``log_dir`` (None: the console).
+    ``pool``: warm rollout actors the Ray runtime takes and gives back (the local runtime ignores it)."""
     if cfg.runtime == "ray":
         from ragen_async.ray_runtime import RayRuntime
 
-        return RayRuntime(cfg, log_dir)
+        return RayRuntime(cfg, log_dir, pool)
     import torch
 
     from ragen_async.runtime import LocalRuntime
@@ -358,11 +360,12 @@ class Trainer:
 
 
 def train(cfg: RunConfig | None = None, *, resume: Path | None = None, runtime: Runtime | None = None,
-          run_dir_path: Path | None = None) -> tuple[Path, dict[str, float]]:
+          run_dir_path: Path | None = None, pool: EnginePool | None = None) -> tuple[Path, dict[str, float]]:
     """Run training (or continue the run directory ``resume``); returns the run directory and the last
     validation metrics. ``run_dir_path``: the new run's directory (default ``RUN_ROOT/NAME-TIMESTAMP``).
-    ``runtime`` overrides the configured one (tests). SIGTERM or SIGUSR1 stops the run after the current
-    step with a checkpoint and raises :class:`Interrupted`."""
+    ``runtime`` overrides the configured one (tests); ``pool`` keeps rollout actors warm between runs (a
+    sweep's). SIGTERM or SIGUSR1 stops the run after the current step with a checkpoint and raises
+    :class:`Interrupted`."""
     checkpoint, skip_wandb_until = None, -1
     if resume is not None:
         run_dir = RunDir(Path(resume))
@@ -392,7 +395,7 @@ def train(cfg: RunConfig | None = None, *, resume: Path | None = None, runtime: 
     watchdog = reaper.start()  # if this process is killed, nothing it started keeps running
     stop, previous = StopRequest(), {}
     try:
-        runtime = runtime if runtime is not None else make_runtime(cfg, logs)
+        runtime = runtime if runtime is not None else make_runtime(cfg, logs, pool)
         previous = stop.install()  # after the runtime: ray.init() sets its own SIGTERM handler (sys.exit)
         last = run_trainer(cfg, run_dir, sink, runtime, checkpoint, stop=stop)
         exit_code = 0

@@ -15,7 +15,9 @@ The one loop (``orchestrator.Trainer``) drives this runtime exactly as it drives
   rank 0 keeps in a ring buffer, and admission is k = 0, so every token is exactly k versions old.
 
 Shutdown is always clean: rollout loops stopped, engines shut down, actors killed, Ray shut down if
-this process started it.
+this process started it. With an :class:`~ragen_async.engine_pool.EnginePool` the run starts on idle
+rollout actors of earlier runs where it can, and its live rollout actors go back to the pool instead
+(the pool then ends them, and the Ray session the run started).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import numpy as np
 import ray
 
 from ragen_async.config import RunConfig
+from ragen_async.engine_pool import EnginePool, engine_key
 from ragen_async.learner.actor import LearnerActor
 from ragen_async.learner.learner import TrainResult, merge_rank_metrics
 from ragen_async.protocol import AnyGroup, BatchShard, TrajectoryGroup
@@ -94,9 +97,13 @@ class RayRuntime(Runtime):
     HEALTH_CHECK_S = 2.0
     """How often ``receive`` asks the rollout actors whether their loops are still alive."""
 
-    def __init__(self, cfg: RunConfig, log_dir: Path | None = None):
+    def __init__(self, cfg: RunConfig, log_dir: Path | None = None, pool: EnginePool | None = None):
         self.cfg = cfg
         self.log_dir = log_dir  # each actor's output goes to a file there (None: the console)
+        self.pool = pool  # warm rollout actors to take, and to give back at the end (None: start and end our own)
+        self._keys: list[str] = []
+        self.reused: list[int] = []
+        """Which rollout actors (by index) came from the pool."""
         self._started_ray = False
         self.rollouts: list[Any] = []
         self.learners: list[Any] = []
@@ -155,7 +162,8 @@ class RayRuntime(Runtime):
         # The engines start while the learner ranks load their models and form their group: the two
         # depend on each other only through the weight group, formed once both are up.
         self._secret = secret
-        self.rollouts = [self._rollout_actor(i) for i in range(cfg.rollout.num_workers)]
+        self._keys = [engine_key(cfg, f"w{i}", self.weight_backend) for i in range(cfg.rollout.num_workers)]
+        self.rollouts = [self._pooled_actor(i) or self._rollout_actor(i) for i in range(cfg.rollout.num_workers)]
         engines_up = [r.setup.remote() for r in self.rollouts]
         L = cfg.learner.num_ranks
         self.learners = [
@@ -170,10 +178,30 @@ class RayRuntime(Runtime):
                               for addr in ray.get([lrn.shard_address.remote() for lrn in self.learners])]
         ray.get(engines_up)
         ray.get(self._form_weight_group())
+        if self.reused:  # a pooled engine still holds its last run's weights and version
+            asyncio.run(self._broadcast(0))
         self._vocab_size = int(ray.get(self.learners[0].vocab_size.remote()))
+
+    def _pooled_actor(self, i: int) -> Any | None:
+        """An idle actor from the pool, bound to this run, or None."""
+        actor = self.pool.take(self._keys[i]) if self.pool is not None else None
+        if actor is None:
+            return None
+        try:
+            ray.get(actor.bind.remote(self._actor_cfg, f"w{i}", self.receiver.address, self._secret, self.gate,
+                                      self._log_path(f"rollout-w{i}")), timeout=60)
+        except (ray.exceptions.RayError, TimeoutError) as e:
+            log.warning("a pooled rollout actor could not join the run (%s); starting a new one", e)
+            ray.kill(actor, no_restart=True)
+            return None
+        self.reused.append(i)
+        self.pool.reused += 1
+        return actor
 
     def _rollout_actor(self, i: int) -> Any:
         cfg = self.cfg
+        if self.pool is not None:
+            self.pool.built += 1
         return RolloutActor.options(num_cpus=cfg.rollout.cpus_per_worker, num_gpus=cfg.rollout.gpus_per_worker,
                                     max_concurrency=64).remote(self._actor_cfg, f"w{i}",
                                                                self.receiver.address, self._secret, self.gate,
@@ -347,20 +375,41 @@ class RayRuntime(Runtime):
         return self._vocab_size
 
     def close(self) -> None:
+        kept: list[Any] = []
         try:
-            if self.rollouts:
-                ray.get([r.shutdown.remote() for r in self.rollouts], timeout=60)
+            if self.rollouts and self.pool is not None and not self._learners_broken:
+                kept = self._give_back()
+            rest = [r for r in self.rollouts if r not in kept]
+            if rest:
+                ray.get([r.shutdown.remote() for r in rest], timeout=60)
             if self.learners and not self._learners_broken:
                 ray.get([lrn.shutdown.remote() for lrn in self.learners], timeout=60)
         except Exception as e:  # noqa: BLE001 - shutting down after a failure must not mask it
             log.warning("error while shutting actors down: %s", e)
         finally:
             for a in [*self.rollouts, *self.learners, self.gate]:
-                if a is not None:
+                if a is not None and a not in kept:
                     ray.kill(a, no_restart=True)
             for s in self.shard_senders:
                 s.close()
             if self.receiver is not None:
                 self.receiver.close()
             if self._started_ray:
-                ray.shutdown()
+                if self.pool is not None:
+                    self.pool.owns_ray = True  # the pooled actors live in it: the pool ends it
+                else:
+                    ray.shutdown()
+
+    def _give_back(self) -> list[Any]:
+        """Release every live rollout actor from this run into the pool; returns those kept."""
+        released = [r.release.remote() for r in self.rollouts]
+        kept = []
+        for i, (actor, ref) in enumerate(zip(self.rollouts, released, strict=True)):
+            try:
+                ray.get(ref, timeout=60)
+            except Exception as e:  # noqa: BLE001 - a dead or stuck actor is simply not kept
+                log.warning("rollout actor w%d is not kept for the next run: %s", i, str(e).splitlines()[0])
+                continue
+            self.pool.give(self._keys[i], actor)
+            kept.append(actor)
+        return kept

@@ -2,7 +2,10 @@
 
 Staleness is asserted from the recorded token versions (provenance.jsonl), never from the config. Every
 run here takes several optimizer (mini-batch) steps per learner step: the version unit is the learner
-step, and the bound must hold in it. One Ray session serves the whole module.
+step, and the bound must hold in it. One Ray session serves the whole module, and so does one
+:class:`EnginePool`: a run takes the rollout actors the previous run gave back (the resume test checks
+that it did; the k = 0 reference then holds on engines that served other runs before). The test that
+kills rollout actors takes its first ones from the pool too, but every replacement is a new actor.
 """
 
 from __future__ import annotations
@@ -36,6 +39,14 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.fixture(scope="module")
+def pool(ray_session):
+    from ragen_async.engine_pool import EnginePool
+
+    with EnginePool() as p:
+        yield p
+
+
 def ray_cfg(model_path, tmp_path, *overrides):
     return load_config("configs/tiny/starpo_s_bandit.yaml", [*ray_cfg_overrides(model_path, tmp_path), *overrides])
 
@@ -51,13 +62,13 @@ def ray_cfg_overrides(model_path, tmp_path):
         "rollout.max_concurrent_groups=4"]
 
 
-def run_ray(cfg, during=None, run_dir=None, resume=False):
+def run_ray(cfg, during=None, run_dir=None, resume=False, pool=None):
     """Run the loop on a RayRuntime; ``during(runtime)`` runs in a thread while it trains."""
     from ragen_async.ray_runtime import RayRuntime
 
     run_dir = run_dir or RunDir.create(cfg)
     sink = MemorySink()
-    runtime = RayRuntime(cfg)
+    runtime = RayRuntime(cfg, pool=pool)
     thread = threading.Thread(target=during, args=(runtime,), daemon=True) if during else None
     if thread:
         thread.start()
@@ -88,7 +99,7 @@ def attack(runtime):
 
 
 @pytest.mark.parametrize("k, fixed_lag", [(1, False), (2, True)])
-def test_staleness_bound_is_exercised_and_exact_across_a_resume(tiny_model_path, tmp_path, k, fixed_lag):
+def test_staleness_bound_is_exercised_and_exact_across_a_resume(tiny_model_path, tmp_path, k, fixed_lag, pool):
     """2 rollout actors, 2 learner ranks, 2 optimizer steps per learner step, hostile traffic; the run stops
     after 3 steps and is resumed to 6.
 
@@ -96,16 +107,20 @@ def test_staleness_bound_is_exercised_and_exact_across_a_resume(tiny_model_path,
     refused at least once, every sync verified. Fixed lag: every group is exactly min(k, v) old, nothing
     is dropped, every sync verified against the older version published. Across the resume: no index (so no seed) is trained on twice, every index's seed is the
     uninterrupted run's (base + index), groups in flight at the stop are replayed under their own index,
-    the bound holds, and fixed lag stays exact (its ring was checkpointed).
+    the bound holds, and fixed lag stays exact (its ring was checkpointed). The resumed run plays on the
+    first run's rollout actors, taken warm from the pool: every check below also holds on reused engines.
     """
     over = [f"staleness.max_staleness={k}", f"staleness.fixed_lag={str(fixed_lag).lower()}",
             "weight_sync.verify_every=1", "time_budget_minutes=60"]
-    run_dir, first, _ = run_ray(ray_cfg(tiny_model_path, tmp_path, *over, "total_steps=3"), during=attack)
+    run_dir, first, _ = run_ray(ray_cfg(tiny_model_path, tmp_path, *over, "total_steps=3"), during=attack,
+                                pool=pool)
+    reused = pool.reused
     rejected = sum(v for key, v in first[-1].items() if key.startswith("transport/rejected/"))
     assert rejected >= 2
     saved = json.loads((run_dir.checkpoints / "step_000003" / "driver_state.json").read_text())
     _, second, provenance = run_ray(ray_cfg(tiny_model_path, tmp_path, *over, "total_steps=6"),
-                                    run_dir=run_dir, resume=True)
+                                    run_dir=run_dir, resume=True, pool=pool)
+    assert pool.reused == reused + 2  # both engines came back warm
     steps = first + second
     assert [r["learner/step"] for r in steps] == [1, 2, 3, 4, 5, 6]
     assert [r["policy_version"] for r in steps] == [1, 2, 3, 4, 5, 6]
@@ -167,7 +182,7 @@ def test_staleness_bound_is_exercised_and_exact_across_a_resume(tiny_model_path,
         "actor_restarts": first[-1]["rollout/actor_restarts"], "abandoned_groups": first[-1]["rollout/abandoned_groups"]}
 
 
-def test_k0_ray_reproduces_the_local_reference(tiny_model_path, tmp_path):
+def test_k0_ray_reproduces_the_local_reference(tiny_model_path, tmp_path, pool):
     """The same loop on two runtimes: same groups (ids, seeds), same versions; rewards and losses equal
     within tolerance.
 
@@ -178,7 +193,7 @@ def test_k0_ray_reproduces_the_local_reference(tiny_model_path, tmp_path):
     from ragen_async.runtime import LocalRuntime
 
     over = ["total_steps=3", "staleness.max_staleness=0", "learner.mini_batch_size=4"]
-    _, ray_steps, ray_prov = run_ray(ray_cfg(tiny_model_path, tmp_path, *over))
+    _, ray_steps, ray_prov = run_ray(ray_cfg(tiny_model_path, tmp_path, *over), pool=pool)
 
     local_cfg = ray_cfg(tiny_model_path, tmp_path, *over, "runtime=local", "learner.num_ranks=1",
                         "rollout.num_workers=1")
@@ -200,9 +215,10 @@ def test_k0_ray_reproduces_the_local_reference(tiny_model_path, tmp_path):
             assert a[k] == pytest.approx(b[k], rel=1e-3, abs=1e-5), k
 
 
-def test_a_staleness_sweep_trains_for_real_on_ray(tiny_model_path, tmp_path):
+def test_a_staleness_sweep_trains_for_real_on_ray(tiny_model_path, tmp_path, pool):
     """`ragen-async sweep` with the real orchestrator (no stand-in train): a bounded and a fixed-lag cell
-    at k = 1 both finish, and each run's provenance shows the staleness its cell asked for."""
+    at k = 1 both finish, each run's provenance shows the staleness its cell asked for, and the second cell
+    played on the first one's rollout actor (kept warm in the pool)."""
     import io
 
     import yaml
@@ -217,8 +233,10 @@ def test_a_staleness_sweep_trains_for_real_on_ray(tiny_model_path, tmp_path):
     # One engine per run: the sweep's part is running two real runs in one process, one after the other.
     over = [o for o in ray_cfg_overrides(tiny_model_path, tmp_path)
             if not o.startswith(("runtime=", "run_root=", "rollout.num_workers="))]
+    reused = pool.reused
     sweep = run_sweep(spec, out=tmp_path / "sweep", overrides=[*over, "total_steps=3", "rollout.num_workers=1"],
-                      report=False, console=Console(file=io.StringIO()))
+                      report=False, console=Console(file=io.StringIO()), pool=pool)
+    assert pool.reused >= reused + 1
     runs = json.loads((sweep.directory / "sweep.json").read_text())["runs"]
     assert len(runs) == 2 and all(r["status"] == "done" for r in runs.values()), runs
     for rec in runs.values():
@@ -231,11 +249,13 @@ def test_a_staleness_sweep_trains_for_real_on_ray(tiny_model_path, tmp_path):
             assert staleness == [min(1, p["learner_version"]) for p in provenance for _ in p["groups"]]
 
 
-def test_killed_rollout_actors_are_replaced_and_no_group_is_lost_or_trained_twice(tiny_model_path, tmp_path):
+def test_killed_rollout_actors_are_replaced_and_no_group_is_lost_or_trained_twice(tiny_model_path, tmp_path, pool):
     """A rollout actor dies three times during one run: its process is killed twice and, once, only its
     engine-core process (the actor notices its dead engine and exits). Each time a new actor takes its
     place, its undelivered groups are replayed under their own index, and the run completes. The audit
-    finds every index consumed once, dropped with a reason, or outstanding at the end."""
+    finds every index consumed once, dropped with a reason, or outstanding at the end. The run starts on
+    actors from the pool; every replacement is a new actor (the runtime never takes one from the pool for a
+    dead actor), and a killed actor never goes back to the pool."""
     import random
     import signal
 
@@ -266,8 +286,10 @@ def test_killed_rollout_actors_are_replaced_and_no_group_is_lost_or_trained_twic
             except Exception:  # noqa: BLE001 - the run may already be over
                 return
 
-    run_dir, steps, provenance = run_ray(cfg, during=killer)
+    built = pool.built
+    run_dir, steps, provenance = run_ray(cfg, during=killer, pool=pool)
     assert [r["learner/step"] for r in steps] == list(range(1, 41))
+    assert pool.built >= built + 3  # each replacement started its own engine
     assert [victim for victim, _ in kills] == ["actor", "engine", "actor"], kills
     assert steps[-1]["rollout/actor_restarts"] == 3
     assert max(consumed_staleness(provenance)) <= 1
@@ -278,7 +300,7 @@ def test_killed_rollout_actors_are_replaced_and_no_group_is_lost_or_trained_twic
     assert len(ids) == len(set(ids)) == 40 * 4
 
 
-def test_a_dead_learner_rank_stops_the_run_with_a_clear_error_and_resume_completes(tiny_model_path, tmp_path):
+def test_a_dead_learner_rank_stops_the_run_with_a_clear_error_and_resume_completes(tiny_model_path, tmp_path, pool):
     import signal
 
     import ray
@@ -289,7 +311,7 @@ def test_a_dead_learner_rank_stops_the_run_with_a_clear_error_and_resume_complet
     from ragen_async.ray_runtime import RayRuntime
 
     run_dir = RunDir.create(cfg)
-    runtime = RayRuntime(cfg)
+    runtime = RayRuntime(cfg, pool=pool)
 
     def killer(runtime):  # rank 1 dies mid-run, once a checkpoint exists
         while not (run_dir.checkpoints / "step_000002").exists():
@@ -307,14 +329,14 @@ def test_a_dead_learner_rank_stops_the_run_with_a_clear_error_and_resume_complet
 
     cfg8 = ray_cfg(tiny_model_path, tmp_path, "staleness.max_staleness=1", "rollout.num_workers=1",
                    f"total_steps={int(checkpoint.name[5:]) + 2}", "checkpoint_every=2")
-    _, steps, provenance = run_ray(cfg8, run_dir=run_dir, resume=True)
+    _, steps, provenance = run_ray(cfg8, run_dir=run_dir, resume=True, pool=pool)
     assert [r["learner/step"] for r in steps] == [int(checkpoint.name[5:]) + 1, int(checkpoint.name[5:]) + 2]
     ids = [g["group_id"] for p in provenance for g in p["groups"]]
     assert len(ids) == len(set(ids))
 
 
 def test_adaptive_staleness_tightens_the_real_gate_of_an_fsdp_pool_and_the_new_bound_holds(
-        tiny_model_path, tmp_path, monkeypatch):
+        tiny_model_path, tmp_path, monkeypatch, pool):
     """Two things of one run. Adaptive k: a warning (scripted at step 3) halves k = 2 to 1 on the Ray
     admission gate and in the buffer; every group consumed after the move is at most 1 version old, while
     k = 2 was used before it. FSDP: 2 FSDP ranks; every rank takes part in gathering the full weights for
@@ -331,7 +353,7 @@ def test_adaptive_staleness_tightens_the_real_gate_of_an_fsdp_pool_and_the_new_b
     cfg = ray_cfg(tiny_model_path, tmp_path, "staleness.max_staleness=2", "staleness.adaptive=true",
                   "staleness.adaptive_patience=100", "total_steps=7", "learner.strategy=fsdp",
                   "weight_sync.verify_every=1", "checkpoint_every=4")
-    run_dir, steps, provenance = run_ray(cfg)
+    run_dir, steps, provenance = run_ray(cfg, pool=pool)
     assert [r["staleness/bound"] for r in steps] == [2, 2, 2, 1, 1, 1, 1]
     assert [r["warning/grad_norm"] for r in steps] == [0, 0, 1, 0, 0, 0, 0]
     before = [p["learner_version"] - g["min_version"] for p in provenance[:3] for g in p["groups"]]

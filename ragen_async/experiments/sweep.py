@@ -34,6 +34,7 @@ sweep lives in its directory::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -52,6 +53,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ragen_async.config import ConfigError, RunConfig, dump_config, load_config
+from ragen_async.engine_pool import EnginePool
 from ragen_async.orchestrator import Interrupted
 
 TrainFn = Callable[..., tuple[Path, dict[str, float]]]
@@ -338,10 +340,11 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S")
 
 
-def _orchestrator_train(cfg: RunConfig | None, *, resume: Path | None = None) -> tuple[Path, dict[str, float]]:
+def _orchestrator_train(cfg: RunConfig | None, *, resume: Path | None = None,
+                        pool: EnginePool | None = None) -> tuple[Path, dict[str, float]]:
     from ragen_async import orchestrator  # looked up at call time (tests replace ``orchestrator.train``)
 
-    return orchestrator.train(cfg, resume=resume)
+    return orchestrator.train(cfg, resume=resume, pool=pool)
 
 
 def _disconnect_ray() -> None:
@@ -376,6 +379,7 @@ class Sweep:
     def __init__(self, directory: Path, manifest: Manifest):
         self.directory = Path(directory)
         self.manifest = manifest
+        self._pool: EnginePool | None = None
 
     # ---------------------------------------------------------------- creating and opening
     @classmethod
@@ -432,10 +436,21 @@ class Sweep:
                 if not todo_only or r.status != "done"]
 
     # ---------------------------------------------------------------- running
-    def run(self, train_fn: TrainFn | None = None, console: Console | None = None) -> Manifest:
-        """Train every run that is not done, in order; a failure is recorded and the sweep goes on."""
-        train_fn = train_fn or _orchestrator_train
+    def run(self, train_fn: TrainFn | None = None, console: Console | None = None,
+            pool: EnginePool | None = None) -> Manifest:
+        """Train every run that is not done, in order; a failure is recorded and the sweep goes on. With the
+        real trainer, runs on Ray take their rollout actors warm from the previous run (an
+        :class:`~ragen_async.engine_pool.EnginePool`, this sweep's unless ``pool`` is given)."""
         console = console or Console(stderr=True)
+        if train_fn is not None:
+            return self._run_all(train_fn, console, None)
+        if pool is not None:
+            return self._run_all(functools.partial(_orchestrator_train, pool=pool), console, pool)
+        with EnginePool() as own:
+            return self._run_all(functools.partial(_orchestrator_train, pool=own), console, own)
+
+    def _run_all(self, train_fn: TrainFn, console: Console, pool: EnginePool | None) -> Manifest:
+        self._pool = pool
         records = list(self.manifest.runs.values())
         done = sum(r.status == "done" for r in records)
         console.print(f"[bold]sweep {self.manifest.name}[/]: {len(records)} runs, {done} already done, "
@@ -479,6 +494,8 @@ class Sweep:
             (errors / f"{record.name}.txt").write_text(traceback.format_exc())
             console.print(f"[bold red]failed[/] {record.name}: {escape(record.error)} "
                           f"(traceback in {errors / (record.name + '.txt')}); continuing with the next run")
+            if self._pool is not None:
+                self._pool.close()  # its actors belong to the session that ends here
             _disconnect_ray()
         else:
             record.status = "done"
@@ -549,6 +566,7 @@ def run_sweep(
     report: bool = True,
     train_fn: TrainFn | None = None,
     console: Console | None = None,
+    pool: EnginePool | None = None,
 ) -> Sweep | None:
     """Plan (or reopen) a sweep and run what is left of it; ``dry_run`` only prints the plan.
 
@@ -583,7 +601,7 @@ def run_sweep(
     if sweep is None:
         sweep = Sweep.create(plan, out if out is not None else default_sweep_dir(plan.spec.name))
     try:
-        sweep.run(train_fn=train_fn, console=console)
+        sweep.run(train_fn=train_fn, console=console, pool=pool)
     finally:
         if report:
             _write_report(sweep, console)

@@ -19,6 +19,7 @@ import ray
 
 from ragen_async.agent.chat import ChatFormat
 from ragen_async.config import RunConfig
+from ragen_async.inference.base import InferenceEngine
 from ragen_async.logfiles import redirect_output
 from ragen_async.protocol import TrajectoryGroup
 from ragen_async.rollout.engines import make_engine
@@ -40,16 +41,24 @@ AdmissionGate = ray.remote(AdmissionController)
 class RolloutActor:
     def __init__(self, cfg_data: dict, worker_id: str, buffer_address: str, secret: bytes, gate: Any,
                  engine_threads: int = 1, log_path: str | None = None):
-        if log_path:  # before the engine starts: its engine-core process inherits the file
-            redirect_output(Path(log_path))
         # Each engine gets its own small thread budget so rollout actors and learners do not fight
         # over the same cores (set before vLLM/torch start their pools).
         os.environ.setdefault("OMP_NUM_THREADS", str(engine_threads))
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        self.cfg = RunConfig.model_validate(cfg_data)
+        self.engine: InferenceEngine | None = None
+        self.bind(cfg_data, worker_id, buffer_address, secret, gate, log_path)
         if self.cfg.rollout.cpu_affinity:
             # Set before the engine starts: its engine-core process inherits the mask.
             os.sched_setaffinity(0, set(self.cfg.rollout.cpu_affinity))
+
+    def bind(self, cfg_data: dict, worker_id: str, buffer_address: str, secret: bytes, gate: Any,
+             log_path: str | None = None) -> None:
+        """Join a run: its config, worker id, trajectory socket and secret, admission gate and log file. A
+        pooled actor (:mod:`ragen_async.engine_pool`) is bound again for each run and keeps only its engine;
+        that engine's engine-core process keeps writing to the log of the run that started it."""
+        if log_path:  # before the engine starts: its engine-core process inherits the file
+            redirect_output(Path(log_path))
+        self.cfg = RunConfig.model_validate(cfg_data)
         self.worker_id = worker_id
         self.buffer_address = buffer_address
         self.secret = secret
@@ -66,11 +75,14 @@ class RolloutActor:
         self._sent = 0
 
     async def setup(self) -> int:
-        """Start the engine (on this actor's event loop) and connect the sender; returns the version."""
+        """Start the engine (on this actor's event loop; a pooled actor keeps its own) and connect the sender;
+        returns the engine's version (a pooled engine's is its last run's until the runtime loads version 0)."""
         cfg = self.cfg
         backend = resolve_backend(cfg.weight_sync.backend, cfg.rollout.gpus_per_worker)  # the driver resolved it
-        engine = make_engine(cfg, seed=cfg.seed + hash_worker(self.worker_id),
-                             weight_transfer_backend="nccl" if backend == "nccl" else None)
+        if self.engine is None:
+            self.engine = make_engine(cfg, seed=cfg.seed + hash_worker(self.worker_id),
+                                      weight_transfer_backend="nccl" if backend == "nccl" else None)
+        engine = self.engine
         self.receiver = make_receiver(backend, engine, cfg.weight_sync.timeout_s)
         chat = ChatFormat.from_pretrained(cfg.model.path, enable_think=cfg.agent.enable_think)
         self.worker = RolloutWorker(cfg, engine, chat, worker_id=self.worker_id)
@@ -110,7 +122,7 @@ class RolloutActor:
     def _exit_if_engine_dead(self) -> None:
         """An actor whose engine died ends its own process, so the runtime replaces it like any dead actor
         (a new engine, its undelivered groups replayed) instead of stopping the run on the loop's error."""
-        if self.worker is not None and self.worker.engine.dead:
+        if self.engine is not None and self.engine.dead:
             log.error("rollout actor %s: its inference engine died; exiting so that it is replaced", self.worker_id)
             os._exit(1)
 
@@ -152,17 +164,29 @@ class RolloutActor:
     async def policy_version(self) -> int:
         return self.worker.engine.policy_version
 
+    async def release(self) -> None:
+        """Leave the run (loop stopped, sender closed, weight group left) and keep the engine for the next
+        run's :meth:`bind`; raises if the engine is dead (such an actor is not pooled)."""
+        await self._leave_run()
+        if self.engine is None or self.engine.dead:
+            raise RuntimeError(f"rollout actor {self.worker_id}: no live engine to keep")
+
     async def shutdown(self) -> None:
+        await self._leave_run()
+        if self.engine is not None:
+            self.engine.shutdown()
+
+    async def _leave_run(self) -> None:
         await self.stop()
         if self._sender is not None:
             await asyncio.get_running_loop().run_in_executor(self._send_pool, self._sender.close)
+            self._sender = None
         if self.receiver is not None:
             try:
                 await self.receiver.close()
             except Exception as e:  # noqa: BLE001 - a group already broken must not stop the shutdown
                 log.warning("rollout actor %s: leaving the weight group failed: %s", self.worker_id, e)
-        if self.worker is not None:
-            self.worker.engine.shutdown()
+            self.receiver = None
         self._send_pool.shutdown(wait=False)
 
 

@@ -1,0 +1,88 @@
+"""Warm rollout actors kept between the runs of one process (a sweep's cells, a test module's runs).
+
+Starting a rollout actor on CPU costs about half a minute of the machine (the actor and vLLM's
+engine-core process each import vllm and torch, then the engine loads the model and sizes its KV
+cache), far more than the few learner steps of a short run. A run on the Ray runtime given an
+:class:`EnginePool` takes an idle actor whose engine was built exactly as its own would be (same
+:func:`engine_key`: model, inference settings, engine seed, resources) instead of starting one, and
+gives its actors back when it ends cleanly. What belongs to a run is never carried over: the actor
+is re-bound to the new run (config, worker id, trajectory socket and secret, admission gate, log
+file), joins the new run's weight group, and its engine is loaded with the new learner's version-0
+weights and re-stamped version 0 before it plays anything (its prefix cache is cleared with the
+load, and requests are salted with their version anyway). Learner ranks and the admission gate are
+always new. An actor that failed, or a run that broke, gives nothing back.
+
+The pool owns the Ray session a pooled run started (the run leaves it up for the next one);
+:meth:`EnginePool.close` kills the idle actors and shuts that session down.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+from ragen_async.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+def engine_key(cfg: RunConfig, worker_id: str, weight_backend: str) -> str:
+    """Everything a rollout actor's process and engine were built from; actors are reused only under an equal key."""
+    r = cfg.rollout
+    return json.dumps({
+        "model": cfg.model.model_dump(mode="json"), "inference": cfg.inference.model_dump(mode="json"),
+        "seed": cfg.seed, "worker": worker_id, "weight_backend": weight_backend,
+        "resources": [r.cpus_per_worker, r.gpus_per_worker, r.cpu_affinity]}, sort_keys=True)
+
+
+class EnginePool:
+    """Idle rollout actors by :func:`engine_key`. Use as a context manager, or call :meth:`close`."""
+
+    def __init__(self) -> None:
+        self._idle: dict[str, list[Any]] = {}
+        self.owns_ray = False
+        """A run using this pool started the Ray session: :meth:`close` shuts it down."""
+        self.built = 0
+        """Rollout actors started for runs using this pool."""
+        self.reused = 0
+        """Rollout actors a run took from this pool instead of starting one."""
+
+    def take(self, key: str) -> Any | None:
+        """An idle actor built under ``key``, or None (none, or the Ray session they lived in is gone)."""
+        ray = sys.modules.get("ray")
+        if ray is None or not ray.is_initialized():
+            self._idle.clear()  # they died with their session
+            return None
+        idle = self._idle.get(key)
+        return idle.pop() if idle else None
+
+    def give(self, key: str, actor: Any) -> None:
+        """Keep ``actor`` (released from its run, engine alive) for a later run with the same key."""
+        self._idle.setdefault(key, []).append(actor)
+
+    def __len__(self) -> int:
+        return sum(map(len, self._idle.values()))
+
+    def close(self) -> None:
+        """Shut the idle actors' engines down and end them; end the Ray session if a pooled run started it."""
+        ray = sys.modules.get("ray")  # (never imported: nothing of Ray to end)
+        actors = [a for idle in self._idle.values() for a in idle]
+        self._idle.clear()
+        if ray is not None and ray.is_initialized():
+            try:
+                ray.get([a.shutdown.remote() for a in actors], timeout=60)
+            except Exception as e:  # noqa: BLE001 - the actors are killed below either way
+                log.warning("error while shutting pooled rollout actors down: %s", e)
+            for a in actors:
+                ray.kill(a, no_restart=True)
+            if self.owns_ray:
+                ray.shutdown()
+        self.owns_ray = False
+
+    def __enter__(self) -> EnginePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
