@@ -10,7 +10,8 @@ is re-bound to the new run (config, worker id, trajectory socket and secret, adm
 file), joins the new run's weight group, and its engine is loaded with the new learner's version-0
 weights and re-stamped version 0 before it plays anything (its prefix cache is cleared with the
 load, and requests are salted with their version anyway). Learner ranks and the admission gate are
-always new. An actor that failed, or a run that broke, gives nothing back.
+always new. A run gives back every rollout actor that releases cleanly within a minute (its engine
+alive), also when the run itself failed; the others are ended.
 
 The pool owns the Ray session a pooled run started (the run leaves it up for the next one);
 :meth:`EnginePool.close` kills the idle actors and shuts that session down.

@@ -377,7 +377,7 @@ class RayRuntime(Runtime):
     def close(self) -> None:
         kept: list[Any] = []
         try:
-            if self.rollouts and self.pool is not None and not self._learners_broken:
+            if self.rollouts and self.pool is not None:  # (a dead learner rank leaves the engines usable)
                 kept = self._give_back()
             rest = [r for r in self.rollouts if r not in kept]
             if rest:

@@ -329,7 +329,9 @@ def test_a_dead_learner_rank_stops_the_run_with_a_clear_error_and_resume_complet
 
     cfg8 = ray_cfg(tiny_model_path, tmp_path, "staleness.max_staleness=1", "rollout.num_workers=1",
                    f"total_steps={int(checkpoint.name[5:]) + 2}", "checkpoint_every=2")
+    reused = pool.reused
     _, steps, provenance = run_ray(cfg8, run_dir=run_dir, resume=True, pool=pool)
+    assert pool.reused == reused + 1  # the rollout actor outlived the learner's death and was kept
     assert [r["learner/step"] for r in steps] == [int(checkpoint.name[5:]) + 1, int(checkpoint.name[5:]) + 2]
     ids = [g["group_id"] for p in provenance for g in p["groups"]]
     assert len(ids) == len(set(ids))
