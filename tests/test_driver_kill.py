@@ -50,7 +50,7 @@ def test_a_killed_driver_leaves_no_process_and_resume_completes_the_run(tiny_mod
         f"total_steps={TOTAL_STEPS}", "checkpoint_every=2", "staleness.max_staleness=1",
         "rollout.group_size=4", "rollout.envs=[{tag: Bandit, n_groups: 4}]", "learner.mini_batch_size=2",
         "learner.micro_batch_size=2", "validation.every=0", "logging.console=false", "rollout.num_workers=1",
-        "learner.num_ranks=1", "inference.kv_cache_gib=0.5", "logging.wandb_mode=disabled"]
+        "learner.num_ranks=1", "inference.kv_cache_gib=0.1", "logging.wandb_mode=disabled"]
     driver = train(["configs/tiny/starpo_s_bandit.yaml", *overrides], tmp_path / "first.log")
     sid = driver.pid  # start_new_session: the driver leads its own session; Ray and the engines join it
     try:

@@ -102,7 +102,7 @@ def test_time_budget_stops_at_a_step_boundary_with_validation_and_checkpoint(tin
 @pytest.mark.vllm
 def test_three_steps_with_vllm_and_weights_reach_the_engine(tiny_model_path, tmp_path):
     """After every update the engine serves the learner's weights: same log-probs for the loop's probe."""
-    cfg = bandit_cfg(tiny_model_path, tmp_path, "weight_sync.verify_every=1")
+    cfg = bandit_cfg(tiny_model_path, tmp_path, "weight_sync.verify_every=1", "inference.kv_cache_gib=0.1")
     run_dir, records, runtime = run_local(cfg)
     steps = [r for r in records if "actor/grad_norm" in r]
     assert [r["policy_version"] for r in steps] == [1, 2, 3]

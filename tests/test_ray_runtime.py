@@ -58,7 +58,7 @@ def ray_cfg_overrides(model_path, tmp_path):
         f"model.path={model_path}", f"run_root={tmp_path}", "runtime=ray", "total_steps=5",
         "rollout.group_size=4", "rollout.envs=[{tag: Bandit, n_groups: 4}]", "learner.mini_batch_size=2",
         "learner.micro_batch_size=2", "validation.every=0", "logging.console=false", "rollout.num_workers=2",
-        "learner.num_ranks=2", "weight_sync.timeout_s=120", "inference.kv_cache_gib=0.5",
+        "learner.num_ranks=2", "weight_sync.timeout_s=120", "inference.kv_cache_gib=0.1",
         "rollout.max_concurrent_groups=4"]
 
 

@@ -93,7 +93,7 @@ def test_soak_with_actor_kills(tiny_model_path, tmp_path):
         "staleness.max_staleness=1", "rollout.num_workers=2", "learner.num_ranks=1",
         "rollout.group_size=4", "rollout.envs=[{tag: Bandit, n_groups: 4}]", "learner.mini_batch_size=2",
         "learner.micro_batch_size=2", "validation.every=0", "logging.console=false",
-        "inference.kv_cache_gib=0.5", "weight_sync.timeout_s=30",
+        "inference.kv_cache_gib=0.1", "weight_sync.timeout_s=30",
         *([] if LEARN else ["learner.actor_lr=0", "learner.critic_lr=0"])])
     run_dir = RunDir.create(cfg)
     runtime = RayRuntime(cfg)

@@ -67,10 +67,12 @@ class FakeTrain:
     def __init__(self, fail: set[str] = frozenset(), interrupt: set[str] = frozenset(), steps: int = 4):
         self.fail, self.interrupt, self.steps = set(fail), set(interrupt), steps
         self.calls: list[tuple[str, str]] = []  # (run name, "new" | "resume")
+        self.pools: list = []  # the engine pool each call got (``orchestrator.train``'s ``pool``)
 
-    def __call__(self, cfg=None, *, resume: Path | None = None):
+    def __call__(self, cfg=None, *, resume: Path | None = None, pool=None):
         from ragen_async.config import dump_config, load_config
 
+        self.pools.append(pool)
         if resume is not None:
             run_dir = Path(resume)
             cfg = load_config(run_dir / "config.yaml")

@@ -192,6 +192,9 @@ def test_resume_skips_finished_runs_and_continues_the_partial_one(bandit_spec, f
     console = quiet()
     sweep = run_sweep(resume=tmp_path / "sweep", console=console, report=False)
     assert train.calls == [("k0-s1", "resume"), ("k1-s0", "new"), ("k1-s1", "new")]
+    from ragen_async.engine_pool import EnginePool
+
+    assert isinstance(train.pools[0], EnginePool) and all(p is train.pools[0] for p in train.pools)  # one, shared
     assert all(r.status == "done" for r in sweep.manifest.runs.values())
     assert sweep.manifest.runs["k0-s1"].run_dir == partial
     assert "run 2/4" in output(console) and "run 1/4" not in output(console)

@@ -34,7 +34,7 @@ CONFIG = "configs/tiny/starpo_s_bandit.yaml"
 # 8 seeds; a checkpoint at the end, so the run can be continued.
 TRAIN = [
     "rollout.group_size=4", "rollout.envs=[{tag: Bandit, n_groups: 4}]", "learner.mini_batch_size=4",
-    "learner.micro_batch_size=4", "rollout.num_workers=1", "learner.num_ranks=1", "inference.kv_cache_gib=0.5",
+    "learner.micro_batch_size=4", "rollout.num_workers=1", "learner.num_ranks=1", "inference.kv_cache_gib=0.1",
     "validation.envs=[{tag: Bandit, n_groups: 8}]", "validation.every=2", "logging.console=false",
 ]
 JOB_TIMEOUT = 240

@@ -55,7 +55,7 @@ def test_two_node_job_forms_the_cluster_requeues_on_the_time_limit_warning_and_r
         "configs/tiny/starpo_s_bandit.yaml", f"model.path={tiny_model_path}", f"total_steps={TOTAL_STEPS}",
         "rollout.num_workers=2", "learner.num_ranks=1", "rollout.group_size=4",
         "rollout.envs=[{tag: Bandit, n_groups: 4}]", "learner.mini_batch_size=2", "learner.micro_batch_size=2",
-        "validation.every=0", "inference.kv_cache_gib=0.5", "logging.console=false", f"run_root={run_root}"],
+        "validation.every=0", "inference.kv_cache_gib=0.1", "logging.console=false", f"run_root={run_root}"],
         env=env, cwd=REPO)
     job = submit.stdout.strip().split(";")[0]
     run_dir = run_root / f"slurm-{job}"  # the job's run_root is honoured, not the submit directory's runs/

@@ -58,7 +58,7 @@ def get_harness(model_path: str, request: pytest.FixtureRequest | None = None) -
             other.close()
         _HARNESSES.clear()
         _HARNESSES[model_path] = Harness(model_path, dtype="float32", max_model_len=512, seed=0,
-                                         max_logprobs=-1, stop_at_model_eos=False)
+                                         max_logprobs=-1, stop_at_model_eos=False, kv_cache_space_gib=0.1)
         if request is not None:  # shut down at session end, while pytest's streams are open
             request.session.addfinalizer(_close_all)
     return _HARNESSES[model_path]
