@@ -301,6 +301,9 @@ def test_killed_rollout_actors_are_replaced_and_no_group_is_lost_or_trained_twic
 
 
 def test_a_dead_learner_rank_stops_the_run_with_a_clear_error_and_resume_completes(tiny_model_path, tmp_path, pool):
+    """Learner rank 1 is killed after the second checkpoint: the run stops with an error naming the rank (not
+    hung in the collective); the resumed run continues from the checkpoint, on the rollout actor that outlived
+    the learner, with what was left of the time budget, and trains no group twice."""
     import signal
 
     import ray
@@ -327,12 +330,21 @@ def test_a_dead_learner_rank_stops_the_run_with_a_clear_error_and_resume_complet
     checkpoint = run_dir.latest_checkpoint()
     assert checkpoint is not None and int(checkpoint.name[5:]) >= 2
 
+    # The resumed run gets what is left of its time budget, not the whole of it: with 0.05 s left after the
+    # checkpoint's training time it stops after one step, as an uninterrupted run would (it would have
+    # stopped at the first step boundary past the budget; restarted from zero it would run several steps).
+    at = int(checkpoint.name[5:])
+    spent = json.loads((checkpoint / "driver_state.json").read_text())["budget"]["spent_s"]
+    assert spent > 0
+    limit_s = spent + 0.05
     cfg8 = ray_cfg(tiny_model_path, tmp_path, "staleness.max_staleness=1", "rollout.num_workers=1",
-                   f"total_steps={int(checkpoint.name[5:]) + 2}", "checkpoint_every=2")
+                   f"total_steps={at + 20}", "checkpoint_every=2", f"time_budget_minutes={limit_s / 60!r}")
     reused = pool.reused
     _, steps, provenance = run_ray(cfg8, run_dir=run_dir, resume=True, pool=pool)
     assert pool.reused == reused + 1  # the rollout actor outlived the learner's death and was kept
-    assert [r["learner/step"] for r in steps] == [int(checkpoint.name[5:]) + 1, int(checkpoint.name[5:]) + 2]
+    assert [r["learner/step"] for r in steps] == [at + 1]
+    assert steps[-1]["timing/budget_spent_s"] >= limit_s
+    assert (run_dir.checkpoints / f"step_{at + 1:06d}" / "COMPLETE").exists()
     ids = [g["group_id"] for p in provenance for g in p["groups"]]
     assert len(ids) == len(set(ids))
 
