@@ -47,9 +47,14 @@ demo: model
 test: model
 	WANDB_MODE=disabled $(PY) -m pytest -q -x --durations=20
 
-# The inner loop (under 2 minutes): pure functions, codec, buffer, staleness, envs, algo; no engine, no cluster.
+# The inner loop (441 tests, about 40 s on 2 cores): the StarPO-S math, envs, episodes, codec and transport,
+# buffer, staleness and admission, config, budget, collapse watch; no engine, no cluster, no learner.
+FAST_TESTS := tests/algo tests/envs tests/agent tests/transport tests/test_buffer.py tests/test_staleness.py \
+	tests/test_adaptive_staleness.py tests/test_audit_staleness.py tests/test_budget.py tests/test_collapse.py \
+	tests/test_config.py tests/test_config_explain.py tests/test_loop.py tests/test_engine_pool.py \
+	tests/test_bounded_memory.py tests/test_layering.py
 test-fast: model
-	WANDB_MODE=disabled $(PY) -m pytest -q -x -m "not vllm and not slow"
+	WANDB_MODE=disabled $(PY) -m pytest -q -x -m "not vllm and not slow" $(FAST_TESTS)
 
 # The tests that need a CUDA GPU (skipped elsewhere): on a GPU machine, `make test-gpu EXTRA=gpu`.
 test-gpu: model
