@@ -5,7 +5,7 @@ engine-core process each import vllm and torch, then the engine loads the model 
 cache), far more than the few learner steps of a short run. A run on the Ray runtime given an
 :class:`EnginePool` takes an idle actor whose engine was built exactly as its own would be (same
 :func:`engine_key`: model, inference settings, engine seed, resources) instead of starting one, and
-gives its actors back when it ends cleanly. What belongs to a run is never carried over: the actor
+gives its actors back when it ends. What belongs to a run is never carried over: the actor
 is re-bound to the new run (config, worker id, trajectory socket and secret, admission gate, log
 file), joins the new run's weight group, and its engine is loaded with the new learner's version-0
 weights and re-stamped version 0 before it plays anything (its prefix cache is cleared with the
