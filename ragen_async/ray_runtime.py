@@ -144,13 +144,10 @@ class RayRuntime(Runtime):
         ray.init(**kwargs)
         self._started_ray = True
 
-    def _build(self) -> None:
+    def _open_planes(self) -> bytes:
+        """The run's trajectory receiver (data plane) and admission gate (control plane); returns the run's
+        MAC secret. ``bench cluster``'s simulated runtime opens the same two."""
         cfg = self.cfg
-        check_cluster_fits(cfg, ray.cluster_resources())
-        self.weight_backend = resolve_backend(cfg.weight_sync.backend, cfg.rollout.gpus_per_worker)
-        data = cfg.model_dump(mode="json")
-        data["weight_sync"]["backend"] = self.weight_backend  # resolved once, here, for every actor
-        self._actor_cfg = data
         secret = secrets.token_bytes(32)  # per-run MAC secret: nothing outside the run can inject data
         self.receiver = make_receiver(cfg.transport.kind, bind_address(cfg.transport.host), secret,
                                       hwm=cfg.transport.high_water_mark, expected=TrajectoryGroup,
@@ -158,10 +155,20 @@ class RayRuntime(Runtime):
         k_admit = 0 if cfg.staleness.fixed_lag else cfg.staleness.max_staleness
         self.gate = AdmissionGate.options(num_cpus=0).remote(k_admit, cfg.rollout.groups_per_step)
         self.admission = RayAdmission(self.gate)
+        self._secret = secret
+        return secret
+
+    def _build(self) -> None:
+        cfg = self.cfg
+        check_cluster_fits(cfg, ray.cluster_resources())
+        self.weight_backend = resolve_backend(cfg.weight_sync.backend, cfg.rollout.gpus_per_worker)
+        data = cfg.model_dump(mode="json")
+        data["weight_sync"]["backend"] = self.weight_backend  # resolved once, here, for every actor
+        self._actor_cfg = data
+        secret = self._open_planes()
 
         # The engines start while the learner ranks load their models and form their group: the two
         # depend on each other only through the weight group, formed once both are up.
-        self._secret = secret
         self._keys = [engine_key(cfg, f"w{i}", self.weight_backend) for i in range(cfg.rollout.num_workers)]
         self.rollouts = [self._pooled_actor(i) or self._rollout_actor(i) for i in range(cfg.rollout.num_workers)]
         engines_up = [r.setup.remote() for r in self.rollouts]

@@ -4,24 +4,29 @@ rollout actors, to see where the system stops scaling.
 What is real and what stands in:
 
 * **Real:** the driver loop (``orchestrator.Trainer``: collect, buffer, batch, filter, shards, provenance,
-  metrics), the ``TrajectoryBuffer``, the ``AdmissionController`` (in its own process, as Ray's gate actor
-  is), the rollout loop ``RolloutWorker.run`` of every actor (admission, concurrency, accounting), the codec
-  (signing, validation) and ZeroMQ: every group is encoded by its actor and pushed through its own
-  ``ZmqSender`` to the driver's ``ZmqReceiver``, which reads its header; every batch shard is built by the
-  driver from the received frames and pushed to its learner rank, as ``RayRuntime.train`` does.
+  metrics), the ``TrajectoryBuffer``, the runtime (:class:`SimRuntime` is ``RayRuntime``: its receiver,
+  health checks, shard sending, broadcast and shutdown run unchanged), the **control plane**: the run's
+  admission gate is the production Ray actor (``AdmissionGate``, opened by ``RayRuntime._open_planes``) and
+  every simulated actor asks it for each group with the production call (``await
+  gate.try_admit.remote(worker_id)``), while the loop resolves, publishes and reads state through
+  ``RayAdmission``; the rollout loop ``RolloutWorker.run`` of every actor (admission, concurrency,
+  accounting); the codec (signing, validation) and ZeroMQ: every group is encoded by its actor and pushed
+  through its own sender to the driver's receiver; every batch shard is pushed to its learner rank.
 * **Stand-ins:** the engine (:class:`SimEngine`, continuous batching: any number of sequences decode at
   once, each token at the latency the real engine showed) and the agent/environment: an actor replays a
   group recorded on the real vLLM engine (``simprofile``: token counts, per-token latencies, agent time
   between turns, scores), so group durations, sizes and score spreads are the real ones; every sampled token
-  is stamped with the weight version the actor's engine served when the token was due. Learner ranks receive
-  their shards (bytes, not decoded) and the step takes ``learner_step_s``; a weight sync takes ``sync_s`` in
-  every actor process before it acknowledges the new version.
+  is stamped with the weight version the actor's engine served when the token was due. The learner ranks
+  (:class:`SimLearner`, one Ray actor) receive their shards (bytes, not decoded) and a step takes
+  ``learner_step_s``; a weight sync takes ``sync_s`` in every actor host before it acknowledges the version.
 
-Placement on one machine: the driver in this process; the gate, the learner pool and ``senders`` actor
-processes (N actors as asyncio tasks, split evenly) spawned beside it. The data and control planes are
-TCP loopback. The cluster scales weakly: ``groups_per_step = groups_per_actor x N`` and one learner rank per
-``actors_per_rank`` actors, each rank's step taking the same time, so an ideal system's groups/s grow
-linearly with N. A benchmark measures; nothing here asserts a speed.
+Placement on one machine (a local Ray): the driver in this process; the gate actor, the learner stand-in and
+``senders`` actor hosts (:class:`ActorHost`, N simulated actors as asyncio tasks, split evenly: 128 Ray actor
+processes would not fit in 24 GiB). The data plane is TCP loopback, the control plane Ray's. Each host
+times every ``try_admit`` call, which gives the gate's admission rate and call latency. The cluster scales
+weakly: ``groups_per_step = groups_per_actor x N`` and one learner rank per ``actors_per_rank`` actors, each
+rank's step taking the same time, so an ideal system's groups/s grow linearly with N. A benchmark
+measures; nothing here asserts a speed.
 """
 
 from __future__ import annotations
@@ -29,10 +34,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import multiprocessing as mp
 import os
 import resource
-import secrets
 import tempfile
 import time
 from collections.abc import Callable
@@ -41,16 +44,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import ray
 
 from ragen_async.config import RunConfig
 from ragen_async.experiments.simprofile import DEFAULT_PROFILE, Profile, load_profile
 from ragen_async.inference.base import Generation, InferenceEngine, SamplingConfig
 from ragen_async.learner.learner import TrainResult
-from ragen_async.protocol import NO_VERSION, AnyGroup, BatchShard, Trajectory, TrajectoryGroup, TurnRecord
+from ragen_async.protocol import NO_VERSION, Trajectory, TrajectoryGroup, TurnRecord
+from ragen_async.ray_runtime import RayRuntime
 from ragen_async.rollout.worker import RolloutWorker, assign_group
-from ragen_async.runtime import Admission, Runtime
 from ragen_async.staleness import format_group_id
-from ragen_async.transport import make_receiver, make_sender
+from ragen_async.transport import TransportTimeout, encode, make_sender
 
 SIM_VOCAB = 32_000
 """Token ids of simulated sequences are drawn below this (their values mean nothing)."""
@@ -197,8 +201,10 @@ class SimRolloutWorker(RolloutWorker):
     instead of running the agent and the environment (no tokenizer, chat template or env is built)."""
 
     def __init__(self, cfg, engine: SimEngine, templates: list[list[EpisodeTemplate]],  # noqa: ANN001
-                 worker_id: str = "w0"):
+                 worker_id: str = "w0", speed: float = 1.0):
         self.cfg, self.engine, self.worker_id, self.templates = cfg, engine, worker_id, templates
+        self.speed = speed
+        """How many times faster than the recorded one this engine plays a group (its whole timeline)."""
         self.groups_played = 0
         self.busy_s = 0.0
         self.admission_wait_s = 0.0
@@ -207,7 +213,8 @@ class SimRolloutWorker(RolloutWorker):
         a = assign_group(index, self.cfg.rollout.envs, self.cfg.rollout.seed)  # the real index -> (env, seed)
         episodes = self.templates[int(np.random.default_rng(a.seed).integers(len(self.templates)))]
         created, t0 = time.time(), time.monotonic()
-        versions = await self.engine.decode(np.concatenate([t0 + e.token_offsets_s for e in episodes]))
+        versions = await self.engine.decode(np.concatenate([t0 + e.token_offsets_s / self.speed
+                                                                   for e in episodes]))
         group_id = format_group_id(index)
         trajs, at = [], 0
         for i, e in enumerate(episodes):
@@ -231,215 +238,167 @@ class SimRolloutWorker(RolloutWorker):
                                finished_at=time.time())
 
 
-# ---- control plane: a small JSON request/reply protocol over ZeroMQ --------------------------
+# ---- the stand-in rollout actors and learner, as Ray actors -----------------------------------
 
 
-class RpcClient:
-    """Many concurrent requests over one DEALER socket (zmq.asyncio), matched to replies by id."""
-
-    def __init__(self, ctx, address: str):  # noqa: ANN001 - a zmq.asyncio.Context
-        import zmq
-
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(address)
-        self._pending: dict[int, asyncio.Future] = {}
-        self._next = 0
-        self._reader: asyncio.Task | None = None
-
-    async def call(self, op: str, **args: Any) -> Any:
-        if self._reader is None:
-            self._reader = asyncio.create_task(self._read())
-        rid, self._next = self._next, self._next + 1
-        fut = asyncio.get_running_loop().create_future()
-        self._pending[rid] = fut
-        await self.sock.send(json.dumps({"id": rid, "op": op, **args}).encode())
-        return await fut
-
-    async def _read(self) -> None:
-        while True:
-            reply = json.loads(await self.sock.recv())
-            fut = self._pending.pop(reply["id"])
-            if "error" in reply:
-                fut.set_exception(RuntimeError(reply["error"]))
-            else:
-                fut.set_result(reply["result"])
-
-    def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-        self.sock.close()
+def _cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system) of process ``pid`` (this process if None), from /proc."""
+    if pid is None:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _gate_main(k: int | None, groups_per_step: int, out) -> None:  # noqa: ANN001 - an mp.Queue
-    """The admission gate's process: one ``AdmissionController`` behind a ROUTER socket."""
-    import zmq
+class ActorHost:
+    """Several simulated rollout actors in one Ray actor process (128 processes of their own would not fit
+    in this machine's memory). Each is a :class:`SimRolloutWorker` running the real rollout loop with its
+    own engine stand-in and ``ZmqSender``, and asks the run's admission gate actor for every group with the
+    call a production rollout actor makes (``await gate.try_admit.remote(worker_id)``); the host times each
+    of those calls. The hosts answer the runtime's calls that ``RolloutActor`` answers (``start``, ``check``,
+    ``receive_weights``, ``shutdown``); ``stats`` gives one entry per simulated actor."""
 
-    from ragen_async.staleness import AdmissionController
+    def __init__(self, cfg_data: dict, worker_ids: list[str], buffer_address: str, secret: bytes, gate: Any,
+                 profile: str, index: int, sync_s: float, speed: float = 1.0):
+        self.cfg = RunConfig.model_validate(cfg_data)
+        self.secret, self.gate, self.sync_s = secret, gate, sync_s
+        self.profile = load_profile(Path(profile))
+        templates = episode_templates(self.profile, seed=index)
+        self.clock = VersionClock(0)
+        self.workers = [SimRolloutWorker(self.cfg, SimEngine(self.profile, self.clock, seed=int(w[1:])), templates,
+                                         worker_id=w, speed=speed) for w in worker_ids]
+        self.senders = [make_sender(self.cfg.transport.kind, buffer_address, secret,
+                                    hwm=self.cfg.transport.high_water_mark) for _ in worker_ids]
+        self.sent = [0] * len(worker_ids)
+        self.calls: list[tuple[float, float, bool]] = []
+        """Per ``try_admit`` call: (monotonic start, seconds until the answer, admitted)."""
+        self._stop = False
+        self._tasks: list[asyncio.Task] = []
+        self._started_at = 0.0
 
-    ctl = AdmissionController(k, groups_per_step)
-    sock = zmq.Context.instance().socket(zmq.ROUTER)
-    port = sock.bind_to_random_port("tcp://127.0.0.1")
-    out.put(f"tcp://127.0.0.1:{port}")
-    ops = {"admit": lambda r: ctl.try_admit(r["owner"]),
-           "resolve": lambda r: ctl.resolve(r["consumed"], r["dropped"]),
-           "publish": lambda r: ctl.set_published_version(r["version"]),
-           "state": lambda r: ctl.state(),
-           "set_k": lambda r: ctl.set_max_staleness(r["k"]),
-           "restore": lambda r: ctl.restore(r["state"]),
-           "cpu": lambda r: _cpu_s()}
-    while True:
-        ident, payload = sock.recv_multipart()
-        req = json.loads(payload)
-        try:
-            reply = {"id": req["id"], "result": ops[req["op"]](req) if req["op"] != "stop" else None}
-        except Exception as e:  # noqa: BLE001 - the caller gets the error and raises it
-            reply = {"id": req["id"], "error": f"{type(e).__name__}: {e}"}
-        sock.send_multipart([ident, json.dumps(reply).encode()])
-        if req["op"] == "stop":
-            sock.close(linger=1000)
-            return
+    def pid(self) -> int:
+        return os.getpid()
 
+    def _admit(self, worker_id: str) -> Callable[[], Any]:
+        async def admit() -> int | None:
+            t0 = time.monotonic()
+            index = await self.gate.try_admit.remote(worker_id)
+            self.calls.append((t0, time.monotonic() - t0, index is not None))
+            return index
+        return admit
 
-def _cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def _learner_main(ranks: int, step_s: float, hwm: int, out) -> None:  # noqa: ANN001 - an mp.Queue
-    """The learner pool's stand-in: ``ranks`` PULL sockets take their shards (bytes counted, not decoded:
-    that work belongs to the learner machines), then the step takes ``step_s`` and returns version + 1."""
-    import zmq
-
-    ctx = zmq.Context.instance()
-    pulls = []
-    for _ in range(ranks):
-        s = ctx.socket(zmq.PULL)
-        s.setsockopt(zmq.RCVHWM, hwm)
-        pulls.append((s, f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}"))
-    ctl = ctx.socket(zmq.REP)
-    out.put((f"tcp://127.0.0.1:{ctl.bind_to_random_port('tcp://127.0.0.1')}", [a for _, a in pulls]))
-    poller = zmq.Poller()
-    for s, _ in pulls:
-        poller.register(s, zmq.POLLIN)
-    got, nbytes, version = [0] * ranks, 0, 0
-
-    def drain(timeout_ms: int) -> None:
-        nonlocal nbytes
-        for s, _ in dict(poller.poll(timeout_ms)).items():
-            while True:
-                try:
-                    frames = s.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                got[[p for p, _ in pulls].index(s)] += 1
-                nbytes += sum(len(f.buffer) for f in frames)
-
-    while True:
-        req = json.loads(ctl.recv())
-        if req["op"] == "step":
-            deadline = time.monotonic() + 300
-            while min(got) < version + 1:  # every rank has its shard of this step
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"learner stand-in: shards of step {version} missing: {got}")
-                drain(10)
-            time.sleep(step_s)
-            version += 1
-            ctl.send(json.dumps({"version": version, "shard_bytes": nbytes}).encode())
-        else:
-            ctl.send(json.dumps({"version": version, "shard_bytes": nbytes, "cpu_s": _cpu_s()}).encode())
-            return
-
-
-# ---- the actor processes ---------------------------------------------------------------------
-
-
-def _actors_main(spec: dict) -> None:
-    asyncio.run(_actors(spec))
-
-
-async def _actors(spec: dict) -> None:
-    """One process playing ``spec["actors"]`` rollout actors as asyncio tasks, each with its own engine
-    stand-in, ``SimRolloutWorker`` and ``ZmqSender``; all share this process's weight version."""
-    import zmq
-    import zmq.asyncio
-
-    from ragen_async.config import RunConfig
-    from ragen_async.transport import TransportTimeout, encode
-    from ragen_async.transport.zmq_transport import ZmqSender
-
-    cfg = RunConfig.model_validate(spec["cfg"])
-    secret = bytes.fromhex(spec["secret"])
-    ctx = zmq.asyncio.Context()
-    control = ctx.socket(zmq.DEALER)
-    control.setsockopt(zmq.LINGER, 1000)
-    control.connect(spec["control"])
-    gate = RpcClient(ctx, spec["gate"])
-    profile = load_profile(Path(spec["profile"]))
-    templates = episode_templates(profile, seed=spec["index"])
-    clock = VersionClock(0)
-    actors = [(SimRolloutWorker(cfg, SimEngine(profile, clock, seed=int(a[1:])), templates, worker_id=a),
-               ZmqSender(spec["data"], secret, hwm=cfg.transport.high_water_mark)) for a in spec["actors"]]
-    sent = dict.fromkeys(spec["actors"], 0)
-    stop = False
-
-    async def post(kind: str, **body: Any) -> None:
-        await control.send(json.dumps({"kind": kind, "proc": spec["index"], **body}).encode())
-
-    def stats() -> dict:
-        return {w.worker_id: [w.busy_s, w.admission_wait_s, float(w.engine.policy_version), sent[w.worker_id]]
-                for w, _ in actors}
-
-    def make_send(worker_id: str, sender: ZmqSender):
+    def _send(self, i: int) -> Callable[[TrajectoryGroup], Any]:
         async def send(group: TrajectoryGroup) -> None:
-            frames = encode(group, secret)  # once; a full pipe is retried with the same frames
+            frames = encode(group, self.secret)  # once; a full pipe is retried with the same frames
             while True:
                 try:
-                    sender.send_frames(frames, timeout_s=0)
+                    self.senders[i].send_frames(frames, timeout_s=0)
                     break
                 except TransportTimeout:
                     await asyncio.sleep(0.005)  # this actor waits; the others in this process carry on
-            sent[worker_id] += 1
+            self.sent[i] += 1
         return send
 
-    await post("hello")
-    tasks: list[asyncio.Task] = []
-    last_stats = 0.0
-    try:
-        while True:
-            if await control.poll(100):
-                msg = json.loads(await control.recv())
-                if msg["op"] == "start":
-                    for w, s in actors:
-                        tasks.append(asyncio.create_task(w.run(lambda w=w: gate.call("admit", owner=w.worker_id),
-                                                               make_send(w.worker_id, s), lambda: stop)))
-                elif msg["op"] == "version":
-                    await asyncio.sleep(msg["sync_s"])  # the weight transfer and load
-                    clock.switch(msg["version"], time.monotonic())
-                    await post("ack", version=msg["version"])
-                elif msg["op"] == "stop":
-                    break
-            for t in tasks:
-                if t.done() and not t.cancelled() and t.exception() is not None:
-                    await post("error", error=repr(t.exception()))
-                    raise t.exception()
-            if time.monotonic() - last_stats > 0.25:
-                await post("stats", actors=stats(), cpu_s=_cpu_s())
-                last_stats = time.monotonic()
-    finally:
-        stop = True
-        if tasks:
-            await asyncio.wait(tasks, timeout=10)
-        for t in tasks:
+    async def start(self) -> None:
+        self._started_at = time.perf_counter()
+        self._tasks = [asyncio.create_task(w.run(self._admit(w.worker_id), self._send(i), lambda: self._stop))
+                       for i, w in enumerate(self.workers)]
+
+    async def check(self) -> None:
+        for t in self._tasks:
+            if t.done() and not t.cancelled() and t.exception() is not None:
+                raise t.exception()
+
+    async def stats(self) -> list[dict[str, float]]:
+        elapsed = time.perf_counter() - self._started_at if self._started_at else 0.0
+        return [{"busy_s": w.busy_s, "admission_wait_s": w.admission_wait_s, "elapsed_s": elapsed,
+                 "groups_sent": float(n), "policy_version": float(self.clock.current)}
+                for w, n in zip(self.workers, self.sent, strict=True)]
+
+    async def receive_weights(self, ticket: dict) -> dict:
+        """The weight transfer and load take ``sync_s``; then every engine stand-in here serves the version."""
+        t0 = time.perf_counter()
+        await asyncio.sleep(self.sync_s)
+        self.clock.switch(int(ticket["version"]), time.monotonic())
+        return {"receive_s": time.perf_counter() - t0}
+
+    async def admission_calls(self) -> np.ndarray:
+        """Every ``try_admit`` call so far as rows of (start, latency s, admitted)."""
+        return np.asarray(self.calls, dtype=np.float64).reshape(-1, 3)
+
+    async def stop(self) -> None:
+        """Stop every rollout loop (each finishes the admission call it is in)."""
+        self._stop = True
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=10)
+        for t in self._tasks:
             t.cancel()
-        await post("final", actors=stats(), cpu_s=_cpu_s())
-        gate.close()
-        for _, s in actors:
+
+    async def shutdown(self) -> None:
+        await self.stop()
+        for s in self.senders:
             s.close()
-        control.close()
+        self.senders = []
 
 
-# ---- the driver's runtime --------------------------------------------------------------------
+class SimLearner:
+    """The learner pool's stand-in, all ranks in one Ray actor: one PULL socket per rank takes that rank's
+    shard of each step (bytes counted, not decoded: that work belongs to the learner machines), then the
+    step takes ``step_s`` and returns version + 1. It answers the runtime's learner calls (``train_step``,
+    ``weight_ticket``, ``publish``, ``shutdown``); the hosts' ``receive_weights`` does the sync's work."""
+
+    def __init__(self, ranks: int, step_s: float, hwm: int = 2):
+        import zmq
+
+        self.zmq, self.step_s = zmq, step_s
+        ctx = zmq.Context.instance()
+        self.pulls = []
+        for _ in range(ranks):
+            sock = ctx.socket(zmq.PULL)
+            sock.setsockopt(zmq.RCVHWM, hwm)
+            self.pulls.append((sock, f"tcp://127.0.0.1:{sock.bind_to_random_port('tcp://127.0.0.1')}"))
+        self.poller = zmq.Poller()
+        for sock, _ in self.pulls:
+            self.poller.register(sock, zmq.POLLIN)
+        self.got, self.nbytes, self.version = [0] * ranks, 0, 0
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def shard_addresses(self) -> list[str]:
+        return [a for _, a in self.pulls]
+
+    def train_step(self) -> TrainResult:
+        deadline = time.monotonic() + 300
+        socks = [s for s, _ in self.pulls]
+        while min(self.got) < self.version + 1:  # every rank has its shard of this step
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"learner stand-in: shards of step {self.version} missing: {self.got}")
+            for sock in dict(self.poller.poll(10)):
+                while True:
+                    try:
+                        frames = sock.recv_multipart(self.zmq.NOBLOCK, copy=False)
+                    except self.zmq.Again:
+                        break
+                    self.got[socks.index(sock)] += 1
+                    self.nbytes += sum(len(f.buffer) for f in frames)
+        time.sleep(self.step_s)
+        self.version += 1
+        return TrainResult(self.version, {"transport/shard_bytes": float(self.nbytes)})
+
+    def weight_ticket(self, version: int) -> dict:
+        return {"version": version}
+
+    def publish(self, version: int) -> None:
+        """Rank 0's side of a sync: nothing to send, the hosts' ``receive_weights`` takes ``sync_s``."""
+
+    def shutdown(self) -> None:
+        for sock, _ in self.pulls:
+            sock.close(linger=0)
+
+
+# ---- the driver's runtime: RayRuntime with the stand-ins -------------------------------------
 
 
 @dataclass
@@ -453,10 +412,13 @@ class ClusterSpec:
     learner_step_s: float = 0.3
     actors_per_rank: int = 8
     sync_s: float = 0.007
-    """A weight sync in every actor process (the tiny model's gloo sync, docs/benchmarks.md)."""
+    """A weight sync in every actor host (the tiny model's gloo sync, docs/benchmarks.md)."""
     senders: int = 2
-    """Processes the actors are spread over."""
+    """Ray actor processes the simulated actors are spread over."""
     profile: Path = DEFAULT_PROFILE
+    engine_speed: float = 1.0
+    """Each stand-in engine plays a group this many times faster than the profile's engine (a faster engine,
+    e.g. a GPU's, raises the group rate and with it the load on the gate at the same N)."""
 
     @property
     def groups_per_step(self) -> int:
@@ -480,231 +442,73 @@ def cluster_config(spec: ClusterSpec, steps: int, run_root: Path, group_size: in
     })
 
 
-class GateAdmission(Admission):
-    """The loop's handle on the gate process (as ``RayAdmission`` is on the gate actor)."""
-
-    def __init__(self, address: str):
-        import zmq.asyncio
-
-        self.address = address
-        self.rpc = RpcClient(zmq.asyncio.Context.instance(), address)
-
-    async def resolve(self, consumed: list[int], dropped: list[int]) -> None:
-        await self.rpc.call("resolve", consumed=consumed, dropped=dropped)
-
-    async def set_published_version(self, version: int) -> None:
-        await self.rpc.call("publish", version=version)
-
-    async def state(self) -> dict[str, Any]:
-        return await self.rpc.call("state")
-
-    async def set_max_staleness(self, k: int) -> None:
-        await self.rpc.call("set_k", k=k)
-
-    async def restore(self, state: dict[str, Any]) -> None:
-        await self.rpc.call("restore", state=state)
-
-
-def _sync_call(address: str, op: str, timeout_s: float = 5.0) -> Any:
-    """One request to a ROUTER (gate) from a fresh socket, outside any event loop."""
-    import zmq
-
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
-    try:
-        sock.send(json.dumps({"id": -1, "op": op}).encode())
-        if not sock.poll(int(timeout_s * 1000)):
-            raise TimeoutError(f"no reply from {address} to {op!r}")
-        return json.loads(sock.recv()).get("result")
-    finally:
-        sock.close()
-
-
-class SimRuntime(Runtime):
-    """The runtime the loop drives on a simulated cluster; see the module docstring for what runs where."""
+class SimRuntime(RayRuntime):
+    """``RayRuntime`` with stand-in actors: the production receiver and admission gate actor
+    (``RayRuntime._open_planes``), ``receive`` with its health checks, ``train`` (shards over ZeroMQ to the
+    ranks), ``publish`` and its broadcast (every host acknowledges the version before the loop opens
+    admission for it) and ``close`` all run unchanged; only what sits behind the actor handles stands in."""
 
     BUFFER_SAMPLE_S = 0.25
     """How often ``receive`` samples the bytes the trajectory buffer holds."""
 
-    def __init__(self, cfg: RunConfig, spec: ClusterSpec):
-        self.cfg, self.spec = cfg, spec
-        self.procs: list[Any] = []
-        self.peers: dict[int, bytes] = {}
+    def __init__(self, cfg: RunConfig, spec: ClusterSpec, log_dir: Path | None = None):
+        self.spec = spec
+        self.hosts: list[Any] = []
         self.buffer_probe: Callable[[], tuple[int, int]] | None = None
         """Set by the caller: (bytes, groups) the trajectory buffer holds."""
         self.buffer_samples: list[tuple[float, int, int]] = []
         self._last_sample = 0.0
-        self.actor_ids = [f"w{i}" for i in range(spec.actors)]
-        self.stats: dict[str, list] = {a: [0.0, 0.0, 0.0, 0] for a in self.actor_ids}
-        """Per actor, cumulative: busy_s, admission_wait_s, engine version, groups sent (pushed by its process)."""
-        self.sender_cpu: dict[int, float] = {}
-        self.final: dict[int, dict] = {}
-        self.learner_reply: dict = {}
-        self.receiver = self.control = self.learner = self.admission = None
-        self.shard_senders: list[Any] = []
-        try:
-            self._build()
-        except BaseException:
-            self.close()
-            raise
-
-    def _spawn(self, target: Callable, *args: Any) -> None:
-        p = mp.get_context("spawn").Process(target=target, args=args, daemon=True)
-        p.start()
-        self.procs.append(p)
+        super().__init__(cfg, log_dir)
 
     def _build(self) -> None:
-        import zmq
-
         cfg, spec = self.cfg, self.spec
-        ctx = mp.get_context("spawn")
-        secret = secrets.token_bytes(32)
-        self.receiver = make_receiver("zmq", "tcp://127.0.0.1:*", secret, hwm=cfg.transport.high_water_mark,
-                                      expected=TrajectoryGroup,
-                                      max_message_bytes=int(cfg.transport.max_message_mb * 2**20))
-        q_gate, q_learner = ctx.Queue(), ctx.Queue()
-        self._spawn(_gate_main, spec.max_staleness, spec.groups_per_step, q_gate)
-        self._spawn(_learner_main, spec.ranks, spec.learner_step_s, 2, q_learner)
-        zctx = zmq.Context.instance()
-        self.control = zctx.socket(zmq.ROUTER)
-        self.control.setsockopt(zmq.LINGER, 0)
-        control_addr = f"tcp://127.0.0.1:{self.control.bind_to_random_port('tcp://127.0.0.1')}"
-        gate_addr = q_gate.get(timeout=120)
-        learner_ctl, shard_addrs = q_learner.get(timeout=120)
-        self.admission = GateAdmission(gate_addr)
-        self.learner = zctx.socket(zmq.REQ)
-        self.learner.setsockopt(zmq.LINGER, 0)
-        self.learner.connect(learner_ctl)
-        self.shard_senders = [make_sender("zmq", a, secret, hwm=2, send_timeout_s=cfg.transport.send_timeout_s)
-                              for a in shard_addrs]
+        self.weight_backend = "simulated"
+        secret = self._open_planes()
+        host = ray.remote(ActorHost).options(num_cpus=0, max_concurrency=1000)
+        ids = [f"w{i}" for i in range(spec.actors)]
         n_proc = min(spec.senders, spec.actors)
-        for i in range(n_proc):
-            self._spawn(_actors_main, {"index": i, "actors": self.actor_ids[i::n_proc],
-                                       "cfg": cfg.model_dump(mode="json"), "secret": secret.hex(),
-                                       "profile": str(spec.profile), "data": self.receiver.address,
-                                       "control": control_addr, "gate": gate_addr})
-        deadline = time.monotonic() + 180
-        while len(self.peers) < n_proc:
-            if time.monotonic() > deadline or any(p.exitcode not in (None, 0) for p in self.procs):
-                raise RuntimeError("the simulated actor processes did not start")
-            self.poll_control(0.1)
+        data = cfg.model_dump(mode="json")
+        self.rollouts = self.hosts = [host.remote(data, ids[i::n_proc], self.receiver.address, secret, self.gate,
+                                                  str(spec.profile), i, spec.sync_s, spec.engine_speed)
+                                             for i in range(n_proc)]
+        self.learners = [ray.remote(SimLearner).options(num_cpus=0).remote(spec.ranks, spec.learner_step_s)]
+        self.shard_senders = [make_sender("zmq", a, secret, hwm=2, send_timeout_s=cfg.transport.send_timeout_s)
+                              for a in ray.get(self.learners[0].shard_addresses.remote())]
+        self.pids = {"gate": ray.get(self.gate.__ray_call__.remote(lambda _: os.getpid())),
+                     "learner": ray.get(self.learners[0].pid.remote()),
+                     "hosts": ray.get([h.pid.remote() for h in self.hosts])}
+        self._vocab_size = SIM_VOCAB
 
-    def poll_control(self, timeout_s: float) -> list[dict]:
-        """Handle every control message waiting (waiting up to ``timeout_s`` for the first); returns the acks."""
-        acks = []
-        while self.control.poll(int(timeout_s * 1000)):
-            timeout_s = 0
-            ident, payload = self.control.recv_multipart()
-            msg = json.loads(payload)
-            proc = msg["proc"]
-            if msg["kind"] == "hello":
-                self.peers[proc] = ident
-            elif msg["kind"] == "ack":
-                acks.append(msg)
-            elif msg["kind"] in ("stats", "final"):
-                self.stats.update(msg["actors"])
-                self.sender_cpu[proc] = msg["cpu_s"]
-                if msg["kind"] == "final":
-                    self.final[proc] = msg
-            elif msg["kind"] == "error":
-                raise RuntimeError(f"simulated actor process {proc} failed: {msg['error']}")
-        return acks
-
-    def _tell(self, **msg: Any) -> None:
-        for ident in self.peers.values():
-            self.control.send_multipart([ident, json.dumps(msg).encode()])
-
-    async def start(self) -> None:
-        self._tell(op="start")
-
-    async def receive(self, timeout_s: float) -> AnyGroup | None:
+    async def receive(self, timeout_s: float) -> TrajectoryGroup | None:
         now = time.perf_counter()
         if self.buffer_probe is not None and now - self._last_sample > self.BUFFER_SAMPLE_S:
             self.buffer_samples.append((now, *self.buffer_probe()))
             self._last_sample = now
-        return self.receiver.receive(timeout_s)  # blocks the loop briefly, as RayRuntime.receive does
+        return await super().receive(timeout_s)
 
-    async def train(self, shards: list[BatchShard]) -> TrainResult:
-        for sender, shard in zip(self.shard_senders, shards, strict=True):
-            sender.send(shard)
-        self.learner.send(b'{"op": "step"}')
-        if not self.learner.poll(int((self.spec.learner_step_s + 300) * 1000)):
-            raise RuntimeError("the learner stand-in did not answer")
-        self.learner_reply = json.loads(self.learner.recv())
-        metrics = self.receiver.stats.as_metrics("transport")
-        metrics["transport/shard_bytes"] = float(self.learner_reply["shard_bytes"])
-        return TrainResult(int(self.learner_reply["version"]), metrics)
+    async def rollout_stats(self) -> list[dict[str, float]]:
+        """One entry per simulated actor (a host reports all of its own)."""
+        return [s for per_host in await asyncio.gather(*[h.stats.remote() for h in self.hosts]) for s in per_host]
 
-    async def publish(self, version: int) -> None:
-        """Every actor process loads ``version`` (after ``sync_s``) and acknowledges: only then does the loop
-        open admission for it, as after a real broadcast."""
-        self._tell(op="version", version=version, sync_s=self.spec.sync_s)
-        acked: set[int] = set()
-        deadline = time.monotonic() + 120
-        while len(acked) < len(self.peers):
-            acked |= {a["proc"] for a in self.poll_control(0) if a["version"] == version}
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"simulated weight sync of version {version}: no ack from "
-                                   f"{sorted(set(self.peers) - acked)}")
-            if len(acked) < len(self.peers):
-                await asyncio.sleep(0.0005)
+    def cpu_s(self) -> tuple[float, float, float]:
+        """CPU seconds so far of (the gate actor, the actor hosts together, the learner stand-in)."""
+        return (_cpu_s(self.pids["gate"]), sum(_cpu_s(p) for p in self.pids["hosts"]), _cpu_s(self.pids["learner"]))
 
-    async def probe(self, token_ids: list[int]) -> tuple[list[float], list[list[float]]]:
+    def admission_calls(self) -> np.ndarray:
+        """Every host's ``try_admit`` calls as rows of (monotonic start, latency s, admitted)."""
+        return np.concatenate(ray.get([h.admission_calls.remote() for h in self.hosts]))
+
+    async def probe(self, token_ids: list[int], version: int) -> tuple[list[float], list[list[float]]]:
         raise RuntimeError("the simulated cluster has no weights to probe (weight_sync.verify_every=0)")
 
     async def validate(self) -> dict[str, float]:
         raise RuntimeError("the simulated cluster has no policy to validate (validation.every=0)")
-
-    async def rollout_stats(self) -> list[dict[str, float]]:
-        self.poll_control(0)
-        return [{"busy_s": s[0], "admission_wait_s": s[1], "policy_version": s[2]}
-                for s in (self.stats[a] for a in self.actor_ids)]
 
     async def save(self, path: Path, step: int) -> None:
         (path / "simulated.json").write_text(json.dumps({"step": step, "note": "a simulated learner has no state"}))
 
     async def load(self, path: Path) -> int:
         raise RuntimeError("a simulated cluster cannot resume")
-
-    @property
-    def vocab_size(self) -> int:
-        return SIM_VOCAB
-
-    def close(self) -> None:
-        if self.peers:
-            self._tell(op="stop")
-            deadline = time.monotonic() + 20
-            while len(self.final) < len(self.peers) and time.monotonic() < deadline:
-                try:
-                    self.poll_control(0.1)
-                except RuntimeError:
-                    break
-            self.peers = {}
-        if self.learner is not None:
-            self.learner.send(b'{"op": "stop"}')
-            if self.learner.poll(5000):
-                self.learner_reply = json.loads(self.learner.recv())
-            self.learner.close()
-            self.learner = None
-        if self.admission is not None:
-            try:
-                _sync_call(self.admission.address, "stop")
-            except TimeoutError:
-                pass
-            self.admission.rpc.close()
-            self.admission = None
-        for p in self.procs:
-            p.join(5)
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
-        for s in self.shard_senders:
-            s.close()
-        for sock in (self.receiver, self.control):
-            if sock is not None:
-                sock.close()
-        self.receiver = self.control = None
 
 
 # ---- one run, a sweep, the table -------------------------------------------------------------
@@ -718,10 +522,19 @@ class ClusterRow:
     steps: int
     wall_s: float
     groups_per_s: float
+    admissions_per_s: float
+    """Groups the gate admitted per second over the measured steps (``try_admit`` calls that got an index)."""
+    gate_calls_per_s: float
+    """All ``try_admit`` calls per second, admitted or refused (a refused actor asks again 50 ms later)."""
+    gate_p50_ms: float
+    gate_p99_ms: float
+    """Latency of one ``await gate.try_admit.remote(worker_id)``, as the calling actor saw it."""
+    gate_cpu: float
+    """The gate actor's CPU seconds per wall second (1.0 = one core: saturated)."""
     driver_cpu: float
     """Driver process CPU seconds per wall second over the measured steps (1.0 = one core)."""
     sender_cpu: float
-    """The actor processes' CPU seconds per wall second (all of them together)."""
+    """The actor hosts' CPU seconds per wall second (all of them together)."""
     machine_busy: float
     """Busy cores of the whole machine (every process, ours or not) over the measured steps."""
     buffer_mb_mean: float
@@ -740,7 +553,16 @@ class ClusterRow:
     driver_rss_mb: float
     consumed: int
     admitted: int
+    """Indices the gate handed out in the whole run (its own count)."""
+    calls_admitted: int
+    calls_refused: int
+    """The hosts' timed ``try_admit`` calls in the whole run that got an index / were refused."""
     records: list[dict] = field(default_factory=list, repr=False)
+
+    @property
+    def gate_capacity(self) -> float:
+        """Calls per second the gate actor would serve with one core to itself, at its measured CPU per call."""
+        return self.gate_calls_per_s / self.gate_cpu if self.gate_cpu > 0 else math.inf
 
 
 def _proc_stat_busy() -> tuple[float, float]:
@@ -761,9 +583,9 @@ def run_cluster(spec: ClusterSpec, steps: int = 10, warmup: int = 3) -> ClusterR
     group_size = len(profile.groups[0])
     with tempfile.TemporaryDirectory(prefix="simcluster-") as tmp:
         cfg = cluster_config(spec, warmup + steps, Path(tmp), group_size)
-        marks: list[tuple[float, float, float, float, float]] = []
+        marks: list[tuple[float, ...]] = []
         records: list[dict] = []
-        runtime = SimRuntime(cfg, spec)
+        runtime = SimRuntime(cfg, spec, log_dir=Path(tmp))
 
         class Sink(MetricsSink):
             def log(self, record) -> None:  # noqa: ANN001
@@ -772,32 +594,38 @@ def run_cluster(spec: ClusterSpec, steps: int = 10, warmup: int = 3) -> ClusterR
                 records.append(dict(record))
                 if int(record["learner/step"]) in (warmup, warmup + steps):
                     busy, _ = _proc_stat_busy()
-                    runtime.poll_control(0)
-                    marks.append((time.perf_counter(), _cpu_s(), sum(runtime.sender_cpu.values()), busy,
-                                  time.monotonic()))
-
-        trainer = Trainer(cfg, RunDir.create(cfg), Sink(), runtime)
-
-        runtime.buffer_probe = lambda: (trainer.buffer.nbytes, len(trainer.buffer))
-
-        async def main() -> dict:
-            await trainer.run()
-            return await runtime.admission.state()
+                    marks.append((time.perf_counter(), _cpu_s(), *runtime.cpu_s(), busy, time.monotonic()))
 
         try:
-            admission = asyncio.run(main())
+            trainer = Trainer(cfg, RunDir.create(cfg), Sink(), runtime)
+            runtime.buffer_probe = lambda: (trainer.buffer.nbytes, len(trainer.buffer))
+
+            async def main() -> dict:
+                await trainer.run()
+                await asyncio.gather(*[h.stop.remote() for h in runtime.hosts])  # no call after the gate's count
+                return await runtime.admission.state()
+
+            try:
+                admission = asyncio.run(main())
+                calls = runtime.admission_calls()
+            finally:
+                trainer.close()
         finally:
-            trainer.close()
             runtime.close()
-    (t0, c0, s0, b0, _), (t1, c1, s1, b1, _) = marks[0], marks[-1]
+    (t0, c0, g0, s0, _, b0, m0), (t1, c1, g1, s1, _, b1, m1) = marks[0], marks[-1]
     wall = t1 - t0
     hz = os.sysconf("SC_CLK_TCK")
     measured = records[warmup:]
     samples = [(b, g) for t, b, g in runtime.buffer_samples if t0 <= t <= t1] or [(0, 0)]
+    window = calls[(calls[:, 0] >= m0) & (calls[:, 0] < m1)]
+    latency_ms = window[:, 1] * 1e3 if len(window) else np.zeros(1)
     return ClusterRow(
         actors=spec.actors, groups_per_step=spec.groups_per_step, ranks=spec.ranks, steps=len(measured),
         wall_s=wall, groups_per_s=spec.groups_per_step * len(measured) / wall,
-        driver_cpu=(c1 - c0) / wall, sender_cpu=(s1 - s0) / wall, machine_busy=(b1 - b0) / hz / wall,
+        admissions_per_s=float(window[:, 2].sum()) / (m1 - m0), gate_calls_per_s=len(window) / (m1 - m0),
+        gate_p50_ms=float(np.percentile(latency_ms, 50)), gate_p99_ms=float(np.percentile(latency_ms, 99)),
+        gate_cpu=(g1 - g0) / wall, driver_cpu=(c1 - c0) / wall, sender_cpu=(s1 - s0) / wall,
+        machine_busy=(b1 - b0) / hz / wall,
         buffer_mb_mean=float(np.mean([b for b, _ in samples])) / 1e6,
         buffer_mb_max=max(b for b, _ in samples) / 1e6, buffer_groups_max=max(g for _, g in samples),
         admission_wait=float(sum(r["staleness/admission_wait_s"] for r in measured)) / wall,
@@ -809,7 +637,8 @@ def run_cluster(spec: ClusterSpec, steps: int = 10, warmup: int = 3) -> ClusterR
         train_s=float(np.mean([r["timing/train_s"] for r in measured])),
         publish_s=float(np.mean([r["weight_sync/time_s"] for r in measured])),
         driver_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        consumed=int(admission["consumed"]), admitted=int(admission["next_index"]), records=records)
+        consumed=int(admission["consumed"]), admitted=int(admission["next_index"]),
+        calls_admitted=int(calls[:, 2].sum()), calls_refused=int(len(calls) - calls[:, 2].sum()), records=records)
 
 
 def linear_ratios(rows: list[ClusterRow]) -> list[float]:
@@ -831,16 +660,19 @@ def knee(rows: list[ClusterRow], threshold: float = 0.8) -> tuple[int | None, in
 
 
 def format_cluster(rows: list[ClusterRow]) -> str:
-    lines = ["| N actors | groups/step | learner ranks | groups/s | ratio to linear | driver CPU (cores) | "
-             "actor processes CPU | machine busy (cores, all processes) | buffer MB mean / max (groups max) | "
+    lines = ["| N actors | groups/step | learner ranks | groups/s | ratio to linear | admissions/s | gate calls/s "
+             "(admitted + refused) | gate call p50 / p99 ms | gate CPU (cores) | gate capacity (calls/s at one core) | driver CPU (cores) | "
+             "actor hosts CPU | machine busy (cores, all processes) | buffer MB mean / max (groups max) | "
              "admission wait (share of actor time) | admission refusals | per step: collect / train / publish s | "
-             "max staleness | dropped |", "|" + "---|" * 14]
+             "max staleness | dropped |", "|" + "---|" * 19]
     for r, ratio in zip(rows, linear_ratios(rows), strict=True):
         lines.append(
             f"| {r.actors} | {r.groups_per_step} | {r.ranks} | {r.groups_per_s:.1f} | {ratio:.2f} | "
-            f"{r.driver_cpu:.2f} | {r.sender_cpu:.2f} | {r.machine_busy:.2f} | {r.buffer_mb_mean:.1f} / "
-            f"{r.buffer_mb_max:.1f} ({r.buffer_groups_max}) | {r.admission_wait:.2f} | {r.refusals} | "
-            f"{r.collect_s:.2f} / {r.train_s:.2f} / {r.publish_s:.3f} | {r.staleness_max:.0f} | {r.dropped} |")
+            f"{r.admissions_per_s:.1f} | {r.gate_calls_per_s:.0f} | {r.gate_p50_ms:.2f} / {r.gate_p99_ms:.2f} | "
+            f"{r.gate_cpu:.2f} | {r.gate_capacity:.0f} | {r.driver_cpu:.2f} | {r.sender_cpu:.2f} | {r.machine_busy:.2f} | "
+            f"{r.buffer_mb_mean:.1f} / {r.buffer_mb_max:.1f} ({r.buffer_groups_max}) | {r.admission_wait:.2f} | "
+            f"{r.refusals} | {r.collect_s:.2f} / {r.train_s:.2f} / {r.publish_s:.3f} | {r.staleness_max:.0f} | "
+            f"{r.dropped} |")
     ok, bad = knee(rows)
     lines.append("")
     if bad is None:

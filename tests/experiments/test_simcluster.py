@@ -1,6 +1,7 @@
 """The simulated cluster (``ragen-async bench cluster``): its engine stand-in stamps versions like vLLM, its
-groups are valid protocol messages, and a short run really goes through the real gate, buffer and transport
-(groups consumed, admission refusing, the staleness bound reached and held, every index accounted for)."""
+groups are valid protocol messages, and a short run really goes through the real runtime, the production admission
+gate actor, buffer and transport (groups consumed, admission refusing, the staleness bound reached and held, every
+index accounted for, every gate call timed)."""
 
 from __future__ import annotations
 
@@ -82,9 +83,7 @@ def test_a_short_simulated_run_goes_through_the_real_gate_buffer_and_transport()
     # under version v are trained on at v + 1 (staleness 1).
     spec = ClusterSpec(actors=4, groups_per_actor=2, concurrent_groups=4, max_staleness=1, learner_step_s=0.1,
                        actors_per_rank=2, profile=PROFILE)
-    t0 = time.perf_counter()
     row = run_cluster(spec, steps=4, warmup=1)
-    assert time.perf_counter() - t0 < 60
     assert row.consumed == 5 * spec.groups_per_step  # the loop took 5 full batches from the buffer
     received = row.records[-1]["transport/received"]
     assert received >= row.consumed  # every consumed group crossed ZeroMQ and was decoded
@@ -95,13 +94,21 @@ def test_a_short_simulated_run_goes_through_the_real_gate_buffer_and_transport()
     assert row.admitted >= row.consumed + row.dropped
     assert row.groups_per_s > 0 and 0 < row.driver_cpu < 2 and row.buffer_mb_max > 0
     assert row.ranks == 2 and row.records[-1]["transport/shard_bytes"] > 0
+    # The control plane measured is the production gate actor's: every index it handed out and every refusal
+    # it counted was a timed `gate.try_admit.remote(worker_id)` call of a simulated actor.
+    assert (row.calls_admitted, row.calls_refused) == (row.admitted, row.refusals)
+    assert row.admissions_per_s > 0 and row.gate_calls_per_s > row.admissions_per_s  # refusals are calls too
+    assert 0 < row.gate_p50_ms <= row.gate_p99_ms and 0 < row.gate_cpu < 2
 
 
 def test_ratios_and_knee():
+    from dataclasses import fields
+
     from ragen_async.experiments.simcluster import ClusterRow
 
     def row(n: int, gps: float) -> ClusterRow:
-        return ClusterRow(n, 4 * n, 1, 8, 10.0, gps, *([0.0] * 6), 0, 0.0, 0.0, 0, 0.0, 0, 0.0, 0.0, 0.0, 0.0, 0, 0)
+        zeros = {f.name: 0 for f in fields(ClusterRow) if f.name != "records"}
+        return ClusterRow(**{**zeros, "actors": n, "groups_per_step": 4 * n, "groups_per_s": gps})
 
     rows = [row(2, 10.0), row(8, 38.0), row(32, 140.0), row(128, 200.0)]
     assert [round(r, 2) for r in linear_ratios(rows)] == [1.0, 0.95, 0.88, 0.31]
