@@ -448,6 +448,9 @@ def bench_cluster_cmd(
     learner_step_s: Annotated[float, typer.Option(help="the stand-in learner step's duration")] = 0.3,
     actors_per_rank: Annotated[int, typer.Option(help="rollout actors per learner rank")] = 8,
     senders: Annotated[int, typer.Option(help="Ray actor processes (hosts) the simulated actors are spread over")] = 2,
+    admission: Annotated[list[str] | None, typer.Option(
+        help="admission protocol (repeatable): wait (production) or poll (one try_admit per group, as before "
+             "2026-12-04)")] = None,
     engine_speed: Annotated[float, typer.Option(help="stand-in engines play groups this many times faster than the "
                                                      "profile's engine (a GPU's rate)")] = 1.0,
     profile: Annotated[Path, typer.Option(help="engine profile (simprofile)")] = Path("configs/sim/sokoban_tiny_profile.json"),
@@ -462,6 +465,11 @@ def bench_cluster_cmd(
     ns = n or [2, 8, 32, 128]
     if min(ns) < 1 or steps < 1 or warmup < 1:
         raise typer.BadParameter("--n, --steps and --warmup must be >= 1")
+    from ragen_async.experiments.simcluster import ADMISSIONS
+
+    modes = tuple(admission or ["wait"])
+    if not set(modes) <= set(ADMISSIONS):
+        raise typer.BadParameter(f"--admission must be one of {', '.join(ADMISSIONS)}, not {', '.join(modes)}")
     if engine_speed <= 0:
         raise typer.BadParameter(f"--engine-speed must be > 0, not {engine_speed}")
     if not profile.is_file():
@@ -469,11 +477,11 @@ def bench_cluster_cmd(
     summary = load_profile(profile).summary()
     rows = bench_cluster(ns, steps, warmup, groups_per_actor=groups_per_actor, concurrent_groups=concurrent_groups,
                          max_staleness=k, learner_step_s=learner_step_s, actors_per_rank=actors_per_rank,
-                         senders=senders, engine_speed=engine_speed, profile=profile)
+                         senders=senders, engine_speed=engine_speed, profile=profile, admissions=modes)
     cmd = ("ragen-async bench cluster " + " ".join(f"--n {x}" for x in ns) +
            f" --steps {steps} --warmup {warmup} --groups-per-actor {groups_per_actor} --concurrent-groups "
            f"{concurrent_groups} --k {k} --learner-step-s {learner_step_s} --actors-per-rank {actors_per_rank} "
-           f"--senders {senders} --engine-speed {engine_speed:g}")
+           f"--senders {senders} --engine-speed {engine_speed:g}" + "".join(f" --admission {m}" for m in modes))
     note = (f"profile {profile}: {summary['groups']} Sokoban groups of 8 recorded on vLLM (tiny model), "
             f"{summary['turns_mean']:.1f} turns and {summary['episode_tokens_mean']:.0f} tokens per episode, "
             f"{summary['reply_tokens_mean']:.1f} tokens per reply, per-token latency p50 "

@@ -4,7 +4,8 @@ The one loop (``orchestrator.Trainer``) drives this runtime exactly as it drives
 
 * ``receive`` takes groups from the ZeroMQ receiver the rollout actors push to (and polls the actors'
   health), while every rollout actor plays groups continuously, asking the admission gate (a Ray actor
-  over the pure ``AdmissionController``) before it starts one. With ``max_staleness = k`` a group may
+  over the pure ``AdmissionController``, ``rollout/gate.py``) before it starts one; a request that finds no
+  free slot waits at the gate until one opens. With ``max_staleness = k`` a group may
   start only while the groups started are at most ``(k + v + 1) x groups_per_step`` for the version
   ``v`` every engine has loaded (AReaL's rule), so no consumed token is more than k versions old; the
   loop's buffer drops any group that would be, as a safety net (counted, and its slot returned once).
@@ -39,7 +40,7 @@ from ragen_async.engine_pool import EnginePool, engine_key
 from ragen_async.learner.actor import LearnerActor
 from ragen_async.learner.learner import TrainResult, merge_rank_metrics
 from ragen_async.protocol import AnyGroup, BatchShard, TrajectoryGroup
-from ragen_async.rollout.actor import AdmissionGate, RolloutActor
+from ragen_async.rollout.actor import GateActor, RolloutActor
 from ragen_async.runtime import Admission, Runtime
 from ragen_async.transport import bind_address, make_receiver, make_sender
 from ragen_async.weight_sync import WeightSyncTimeout, resolve_backend
@@ -153,7 +154,7 @@ class RayRuntime(Runtime):
                                       hwm=cfg.transport.high_water_mark, expected=TrajectoryGroup,
                                       max_message_bytes=int(cfg.transport.max_message_mb * 2**20))
         k_admit = 0 if cfg.staleness.fixed_lag else cfg.staleness.max_staleness
-        self.gate = AdmissionGate.options(num_cpus=0).remote(k_admit, cfg.rollout.groups_per_step)
+        self.gate = GateActor.options(num_cpus=0).remote(k_admit, cfg.rollout.groups_per_step)
         self.admission = RayAdmission(self.gate)
         self._secret = secret
         return secret

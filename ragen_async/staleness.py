@@ -100,7 +100,7 @@ class AdmissionController:
         self._dropped = 0
         self._consumed = 0
         self.refusals = 0
-        """How many times :meth:`try_admit` said wait (the bound was binding)."""
+        """How many times :meth:`try_admit` or :meth:`admit_up_to` said wait (the bound was binding)."""
 
     @property
     def published_version(self) -> int:
@@ -151,12 +151,27 @@ class AdmissionController:
     def try_admit(self, owner: str = "") -> int | None:
         """Admit one group for producer ``owner``: its global sequence index, or ``None`` if the budget is
         used up. Indices waiting to be replayed (resume, abandoned) come first and need no new slot."""
+        index = self._take(owner)
+        if index is None:
+            self.refusals += 1
+        return index
+
+    def admit_up_to(self, n: int, owner: str = "") -> list[int]:
+        """Up to ``n`` groups for ``owner`` at once (one round trip for a remote producer), in admission order;
+        an empty answer counts as one refusal."""
+        got: list[int] = []
+        while len(got) < n and (index := self._take(owner)) is not None:
+            got.append(index)
+        if not got and n > 0:
+            self.refusals += 1
+        return got
+
+    def _take(self, owner: str) -> int | None:
         if self._replay:
             index = self._replay.pop(0)
         else:
             capacity = self.capacity()
             if capacity is not None and capacity <= 0:
-                self.refusals += 1
                 return None
             index = self._next_index
             self._next_index += 1

@@ -6,9 +6,9 @@ What is real and what stands in:
 * **Real:** the driver loop (``orchestrator.Trainer``: collect, buffer, batch, filter, shards, provenance,
   metrics), the ``TrajectoryBuffer``, the runtime (:class:`SimRuntime` is ``RayRuntime``: its receiver,
   health checks, shard sending, broadcast and shutdown run unchanged), the **control plane**: the run's
-  admission gate is the production Ray actor (``AdmissionGate``, opened by ``RayRuntime._open_planes``) and
-  every simulated actor asks it for each group with the production call (``await
-  gate.try_admit.remote(worker_id)``), while the loop resolves, publishes and reads state through
+  admission gate is the production Ray actor (``GateActor``, opened by ``RayRuntime._open_planes``) and
+  every simulated actor asks it for groups with the production call (``await gate.admit.remote(worker_id, n,
+  ADMIT_WAIT_S)``), while the loop resolves, publishes and reads state through
   ``RayAdmission``; the rollout loop ``RolloutWorker.run`` of every actor (admission, concurrency,
   accounting); the codec (signing, validation) and ZeroMQ: every group is encoded by its actor and pushed
   through its own sender to the driver's receiver; every batch shard is pushed to its learner rank.
@@ -23,7 +23,9 @@ What is real and what stands in:
 Placement on one machine (a local Ray): the driver in this process; the gate actor, the learner stand-in and
 ``senders`` actor hosts (:class:`ActorHost`, N simulated actors as asyncio tasks, split evenly: 128 Ray actor
 processes would not fit in 24 GiB). The data plane is TCP loopback, the control plane Ray's. Each host
-times every ``try_admit`` call, which gives the gate's admission rate and call latency. The cluster scales
+counts every admission call and what it got (the gate's admission rate), and times a no-op call to the gate
+every 50 ms (its responsiveness under that load: an admission call may wait for a slot, so its own
+duration is not the gate's latency). The cluster scales
 weakly: ``groups_per_step = groups_per_actor x N`` and one learner rank per ``actors_per_rank`` actors, each
 rank's step taking the same time, so an ideal system's groups/s grow linearly with N. A benchmark
 measures; nothing here asserts a speed.
@@ -52,9 +54,13 @@ from ragen_async.inference.base import Generation, InferenceEngine, SamplingConf
 from ragen_async.learner.learner import TrainResult
 from ragen_async.protocol import NO_VERSION, Trajectory, TrajectoryGroup, TurnRecord
 from ragen_async.ray_runtime import RayRuntime
+from ragen_async.rollout.actor import ADMIT_WAIT_S
 from ragen_async.rollout.worker import RolloutWorker, assign_group
 from ragen_async.staleness import format_group_id
 from ragen_async.transport import TransportTimeout, encode, make_sender
+
+ADMISSIONS = ("wait", "poll")
+"""Admission protocols the simulated actors can use (``ClusterSpec.admission``)."""
 
 SIM_VOCAB = 32_000
 """Token ids of simulated sequences are drawn below this (their values mean nothing)."""
@@ -254,15 +260,18 @@ def _cpu_s(pid: int | None = None) -> float:
 class ActorHost:
     """Several simulated rollout actors in one Ray actor process (128 processes of their own would not fit
     in this machine's memory). Each is a :class:`SimRolloutWorker` running the real rollout loop with its
-    own engine stand-in and ``ZmqSender``, and asks the run's admission gate actor for every group with the
-    call a production rollout actor makes (``await gate.try_admit.remote(worker_id)``); the host times each
-    of those calls. The hosts answer the runtime's calls that ``RolloutActor`` answers (``start``, ``check``,
+    own engine stand-in and ``ZmqSender``, and asks the run's admission gate actor for groups with the call a
+    production rollout actor makes (``RolloutActor._admit``); the host records each of those calls and times a
+    no-op gate call every ``PING_S``. The hosts answer the runtime's calls that ``RolloutActor`` answers (``start``, ``check``,
     ``receive_weights``, ``shutdown``); ``stats`` gives one entry per simulated actor."""
 
+    PING_S = 0.05
+    """How often the host times a no-op call to the gate."""
+
     def __init__(self, cfg_data: dict, worker_ids: list[str], buffer_address: str, secret: bytes, gate: Any,
-                 profile: str, index: int, sync_s: float, speed: float = 1.0):
+                 profile: str, index: int, sync_s: float, speed: float = 1.0, admission: str = "wait"):
         self.cfg = RunConfig.model_validate(cfg_data)
-        self.secret, self.gate, self.sync_s = secret, gate, sync_s
+        self.secret, self.gate, self.sync_s, self.admission = secret, gate, sync_s, admission
         self.profile = load_profile(Path(profile))
         templates = episode_templates(self.profile, seed=index)
         self.clock = VersionClock(0)
@@ -271,8 +280,10 @@ class ActorHost:
         self.senders = [make_sender(self.cfg.transport.kind, buffer_address, secret,
                                     hwm=self.cfg.transport.high_water_mark) for _ in worker_ids]
         self.sent = [0] * len(worker_ids)
-        self.calls: list[tuple[float, float, bool]] = []
-        """Per ``try_admit`` call: (monotonic start, seconds until the answer, admitted)."""
+        self.calls: list[tuple[float, float, int]] = []
+        """Per admission call: (monotonic start, seconds until the answer, indices it got)."""
+        self.pings: list[tuple[float, float]] = []
+        """Per ``gate.ping`` call: (monotonic start, round trip s)."""
         self._stop = False
         self._tasks: list[asyncio.Task] = []
         self._started_at = 0.0
@@ -281,12 +292,23 @@ class ActorHost:
         return os.getpid()
 
     def _admit(self, worker_id: str) -> Callable[[], Any]:
-        async def admit() -> int | None:
+        async def admit(n: int) -> list[int]:
             t0 = time.monotonic()
-            index = await self.gate.try_admit.remote(worker_id)
-            self.calls.append((t0, time.monotonic() - t0, index is not None))
-            return index
+            if self.admission == "wait":
+                got = await self.gate.admit.remote(worker_id, n, ADMIT_WAIT_S)
+            else:  # "poll": one at a time, at once; the loop asks again a tick after an empty answer
+                index = await self.gate.try_admit.remote(worker_id)
+                got = [] if index is None else [index]
+            self.calls.append((t0, time.monotonic() - t0, len(got)))
+            return got
         return admit
+
+    async def _ping(self) -> None:
+        while not self._stop:
+            t0 = time.monotonic()
+            await self.gate.ping.remote()
+            self.pings.append((t0, time.monotonic() - t0))
+            await asyncio.sleep(self.PING_S)
 
     def _send(self, i: int) -> Callable[[TrajectoryGroup], Any]:
         async def send(group: TrajectoryGroup) -> None:
@@ -303,7 +325,7 @@ class ActorHost:
     async def start(self) -> None:
         self._started_at = time.perf_counter()
         self._tasks = [asyncio.create_task(w.run(self._admit(w.worker_id), self._send(i), lambda: self._stop))
-                       for i, w in enumerate(self.workers)]
+                       for i, w in enumerate(self.workers)] + [asyncio.create_task(self._ping())]
 
     async def check(self) -> None:
         for t in self._tasks:
@@ -323,9 +345,10 @@ class ActorHost:
         self.clock.switch(int(ticket["version"]), time.monotonic())
         return {"receive_s": time.perf_counter() - t0}
 
-    async def admission_calls(self) -> np.ndarray:
-        """Every ``try_admit`` call so far as rows of (start, latency s, admitted)."""
-        return np.asarray(self.calls, dtype=np.float64).reshape(-1, 3)
+    async def admission_calls(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every admission call so far as rows of (start, duration s, indices got), every ping as (start, s)."""
+        return (np.asarray(self.calls, dtype=np.float64).reshape(-1, 3),
+                np.asarray(self.pings, dtype=np.float64).reshape(-1, 2))
 
     async def stop(self) -> None:
         """Stop every rollout loop (each finishes the admission call it is in)."""
@@ -419,6 +442,15 @@ class ClusterSpec:
     engine_speed: float = 1.0
     """Each stand-in engine plays a group this many times faster than the profile's engine (a faster engine,
     e.g. a GPU's, raises the group rate and with it the load on the gate at the same N)."""
+    admission: str = "wait"
+    """How the actors ask the gate. ``wait``: the production protocol (``RolloutActor._admit``: up to the free
+    slots per call, a blocked request waits at the gate for a slot). ``poll``: the protocol before 2026-12-04,
+    for comparison: one ``gate.try_admit`` per group, answered at once, a refused actor asking again 50 ms
+    (one rollout-loop tick) later."""
+
+    def __post_init__(self) -> None:
+        if self.admission not in ADMISSIONS:
+            raise ValueError(f"admission must be one of {ADMISSIONS}, not {self.admission!r}")
 
     @property
     def groups_per_step(self) -> int:
@@ -469,7 +501,8 @@ class SimRuntime(RayRuntime):
         n_proc = min(spec.senders, spec.actors)
         data = cfg.model_dump(mode="json")
         self.rollouts = self.hosts = [host.remote(data, ids[i::n_proc], self.receiver.address, secret, self.gate,
-                                                  str(spec.profile), i, spec.sync_s, spec.engine_speed)
+                                                  str(spec.profile), i, spec.sync_s, spec.engine_speed,
+                                                  spec.admission)
                                              for i in range(n_proc)]
         self.learners = [ray.remote(SimLearner).options(num_cpus=0).remote(spec.ranks, spec.learner_step_s)]
         self.shard_senders = [make_sender("zmq", a, secret, hwm=2, send_timeout_s=cfg.transport.send_timeout_s)
@@ -494,9 +527,10 @@ class SimRuntime(RayRuntime):
         """CPU seconds so far of (the gate actor, the actor hosts together, the learner stand-in)."""
         return (_cpu_s(self.pids["gate"]), sum(_cpu_s(p) for p in self.pids["hosts"]), _cpu_s(self.pids["learner"]))
 
-    def admission_calls(self) -> np.ndarray:
-        """Every host's ``try_admit`` calls as rows of (monotonic start, latency s, admitted)."""
-        return np.concatenate(ray.get([h.admission_calls.remote() for h in self.hosts]))
+    def admission_calls(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every host's admission calls (monotonic start, duration s, indices got) and pings (start, s)."""
+        per_host = ray.get([h.admission_calls.remote() for h in self.hosts])
+        return np.concatenate([c for c, _ in per_host]), np.concatenate([p for _, p in per_host])
 
     async def probe(self, token_ids: list[int], version: int) -> tuple[list[float], list[list[float]]]:
         raise RuntimeError("the simulated cluster has no weights to probe (weight_sync.verify_every=0)")
@@ -517,18 +551,21 @@ class SimRuntime(RayRuntime):
 @dataclass
 class ClusterRow:
     actors: int
+    admission: str
+    """The admission protocol (``ClusterSpec.admission``)."""
     groups_per_step: int
     ranks: int
     steps: int
     wall_s: float
     groups_per_s: float
     admissions_per_s: float
-    """Groups the gate admitted per second over the measured steps (``try_admit`` calls that got an index)."""
+    """Groups the gate admitted per second over the measured steps (indices the admission calls got)."""
     gate_calls_per_s: float
-    """All ``try_admit`` calls per second, admitted or refused (a refused actor asks again 50 ms later)."""
+    """Admission calls per second, answered with indices or with none."""
     gate_p50_ms: float
     gate_p99_ms: float
-    """Latency of one ``await gate.try_admit.remote(worker_id)``, as the calling actor saw it."""
+    """Round trip of a no-op gate call (``gate.ping``) from the actor hosts: how long any call waits for the
+    gate under this load."""
     gate_cpu: float
     """The gate actor's CPU seconds per wall second (1.0 = one core: saturated)."""
     driver_cpu: float
@@ -555,14 +592,16 @@ class ClusterRow:
     admitted: int
     """Indices the gate handed out in the whole run (its own count)."""
     calls_admitted: int
-    calls_refused: int
-    """The hosts' timed ``try_admit`` calls in the whole run that got an index / were refused."""
+    """Indices the hosts' admission calls got in the whole run (their own count)."""
+    calls_empty: int
+    """The hosts' admission calls in the whole run that came back with none."""
     records: list[dict] = field(default_factory=list, repr=False)
 
     @property
     def gate_capacity(self) -> float:
-        """Calls per second the gate actor would serve with one core to itself, at its measured CPU per call."""
-        return self.gate_calls_per_s / self.gate_cpu if self.gate_cpu > 0 else math.inf
+        """Admissions per second the gate actor would serve with one core to itself, at its measured CPU per
+        admission (calls, empty answers and pings included)."""
+        return self.admissions_per_s / self.gate_cpu if self.gate_cpu > 0 else math.inf
 
 
 def _proc_stat_busy() -> tuple[float, float]:
@@ -607,7 +646,7 @@ def run_cluster(spec: ClusterSpec, steps: int = 10, warmup: int = 3) -> ClusterR
 
             try:
                 admission = asyncio.run(main())
-                calls = runtime.admission_calls()
+                calls, pings = runtime.admission_calls()
             finally:
                 trainer.close()
         finally:
@@ -618,9 +657,10 @@ def run_cluster(spec: ClusterSpec, steps: int = 10, warmup: int = 3) -> ClusterR
     measured = records[warmup:]
     samples = [(b, g) for t, b, g in runtime.buffer_samples if t0 <= t <= t1] or [(0, 0)]
     window = calls[(calls[:, 0] >= m0) & (calls[:, 0] < m1)]
-    latency_ms = window[:, 1] * 1e3 if len(window) else np.zeros(1)
+    ping_ms = pings[(pings[:, 0] >= m0) & (pings[:, 0] < m1), 1] * 1e3
+    latency_ms = ping_ms if len(ping_ms) else np.zeros(1)
     return ClusterRow(
-        actors=spec.actors, groups_per_step=spec.groups_per_step, ranks=spec.ranks, steps=len(measured),
+        actors=spec.actors, admission=spec.admission, groups_per_step=spec.groups_per_step, ranks=spec.ranks, steps=len(measured),
         wall_s=wall, groups_per_s=spec.groups_per_step * len(measured) / wall,
         admissions_per_s=float(window[:, 2].sum()) / (m1 - m0), gate_calls_per_s=len(window) / (m1 - m0),
         gate_p50_ms=float(np.percentile(latency_ms, 50)), gate_p99_ms=float(np.percentile(latency_ms, 99)),
@@ -638,18 +678,21 @@ def run_cluster(spec: ClusterSpec, steps: int = 10, warmup: int = 3) -> ClusterR
         publish_s=float(np.mean([r["weight_sync/time_s"] for r in measured])),
         driver_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         consumed=int(admission["consumed"]), admitted=int(admission["next_index"]),
-        calls_admitted=int(calls[:, 2].sum()), calls_refused=int(len(calls) - calls[:, 2].sum()), records=records)
+        calls_admitted=int(calls[:, 2].sum()), calls_empty=int((calls[:, 2] == 0).sum()), records=records)
 
 
 def linear_ratios(rows: list[ClusterRow]) -> list[float]:
-    """groups/s of each row over linear scaling from the smallest N of the same sweep."""
-    base = min(rows, key=lambda r: r.actors)
-    per_actor = base.groups_per_s / base.actors
-    return [r.groups_per_s / (per_actor * r.actors) for r in rows]
+    """groups/s of each row over linear scaling from the smallest N run with the same admission protocol."""
+    out = []
+    for r in rows:
+        base = min((b for b in rows if b.admission == r.admission), key=lambda b: b.actors)
+        out.append(r.groups_per_s / (base.groups_per_s / base.actors * r.actors))
+    return out
 
 
 def knee(rows: list[ClusterRow], threshold: float = 0.8) -> tuple[int | None, int | None]:
-    """(the largest N up to which every ratio to linear is >= threshold, the first N below it or None)."""
+    """(the largest N up to which every ratio to linear is >= threshold, the first N below it or None); the
+    rows of one admission protocol."""
     last_ok, first_bad = None, None
     for r, ratio in sorted(zip(rows, linear_ratios(rows), strict=True), key=lambda x: x[0].actors):
         if ratio < threshold:
@@ -660,27 +703,32 @@ def knee(rows: list[ClusterRow], threshold: float = 0.8) -> tuple[int | None, in
 
 
 def format_cluster(rows: list[ClusterRow]) -> str:
-    lines = ["| N actors | groups/step | learner ranks | groups/s | ratio to linear | admissions/s | gate calls/s "
-             "(admitted + refused) | gate call p50 / p99 ms | gate CPU (cores) | gate capacity (calls/s at one core) | driver CPU (cores) | "
-             "actor hosts CPU | machine busy (cores, all processes) | buffer MB mean / max (groups max) | "
-             "admission wait (share of actor time) | admission refusals | per step: collect / train / publish s | "
-             "max staleness | dropped |", "|" + "---|" * 19]
+    lines = ["| admission | N actors | groups/step | learner ranks | groups/s | ratio to linear | admissions/s | "
+             "gate calls/s (with indices or none) | gate round trip p50 / p99 ms | gate CPU (cores) | gate admissions/s "
+             "at one core | driver CPU (cores) | actor hosts CPU | machine busy (cores, all processes) | buffer MB "
+             "mean / max (groups max) | admission wait (share of actor time) | admission refusals | per step: "
+             "collect / train / publish s | max staleness | dropped |", "|" + "---|" * 20]
     for r, ratio in zip(rows, linear_ratios(rows), strict=True):
         lines.append(
-            f"| {r.actors} | {r.groups_per_step} | {r.ranks} | {r.groups_per_s:.1f} | {ratio:.2f} | "
+            f"| {r.admission} | {r.actors} | {r.groups_per_step} | {r.ranks} | {r.groups_per_s:.1f} | {ratio:.2f} | "
             f"{r.admissions_per_s:.1f} | {r.gate_calls_per_s:.0f} | {r.gate_p50_ms:.2f} / {r.gate_p99_ms:.2f} | "
-            f"{r.gate_cpu:.2f} | {r.gate_capacity:.0f} | {r.driver_cpu:.2f} | {r.sender_cpu:.2f} | {r.machine_busy:.2f} | "
-            f"{r.buffer_mb_mean:.1f} / {r.buffer_mb_max:.1f} ({r.buffer_groups_max}) | {r.admission_wait:.2f} | "
-            f"{r.refusals} | {r.collect_s:.2f} / {r.train_s:.2f} / {r.publish_s:.3f} | {r.staleness_max:.0f} | "
-            f"{r.dropped} |")
-    ok, bad = knee(rows)
+            f"{r.gate_cpu:.2f} | {r.gate_capacity:.0f} | {r.driver_cpu:.2f} | {r.sender_cpu:.2f} | "
+            f"{r.machine_busy:.2f} | {r.buffer_mb_mean:.1f} / {r.buffer_mb_max:.1f} ({r.buffer_groups_max}) | "
+            f"{r.admission_wait:.2f} | {r.refusals} | {r.collect_s:.2f} / {r.train_s:.2f} / {r.publish_s:.3f} | "
+            f"{r.staleness_max:.0f} | {r.dropped} |")
     lines.append("")
-    if bad is None:
-        lines.append(f"scaling stays >= 0.8 x linear up to N = {ok}, the largest N run: no knee in this range")
-    else:
-        lines.append(f"scaling >= 0.8 x linear up to N = {ok}; below it from N = {bad}")
+    for mode in dict.fromkeys(r.admission for r in rows):
+        ok, bad = knee([r for r in rows if r.admission == mode])
+        if bad is None:
+            lines.append(f"{mode}: scaling stays >= 0.8 x linear up to N = {ok}, the largest N run: no knee in this range")
+        else:
+            lines.append(f"{mode}: scaling >= 0.8 x linear up to N = {ok}; below it from N = {bad}")
     return "\n".join(lines)
 
 
-def bench_cluster(ns: list[int], steps: int, warmup: int, **spec: Any) -> list[ClusterRow]:
-    return [run_cluster(ClusterSpec(actors=n, **spec), steps, warmup) for n in sorted(ns)]
+def bench_cluster(ns: list[int], steps: int, warmup: int, admissions: tuple[str, ...] = ("wait",),
+                  **spec: Any) -> list[ClusterRow]:
+    """Every N with every admission protocol, interleaved (N outer), so that drift hits both alike."""
+    rows = [run_cluster(ClusterSpec(actors=n, admission=mode, **spec), steps, warmup)
+            for n in sorted(ns) for mode in admissions]
+    return sorted(rows, key=lambda r: (admissions.index(r.admission), r.actors))

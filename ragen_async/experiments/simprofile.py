@@ -132,12 +132,11 @@ def measure_profile(config: Path, overrides: list[str], groups: int, warmup_grou
     played: list = []
     next_index = 0
 
-    async def admit() -> int | None:
+    async def admit(n: int) -> list[int]:
         nonlocal next_index
-        if next_index >= total:
-            return None
-        next_index += 1
-        return next_index - 1
+        got = list(range(next_index, min(total, next_index + n)))
+        next_index += len(got)
+        return got
 
     async def send(group) -> None:  # noqa: ANN001
         played.append(group)

@@ -23,8 +23,8 @@ from ragen_async.inference.base import InferenceEngine
 from ragen_async.logfiles import redirect_output
 from ragen_async.protocol import TrajectoryGroup
 from ragen_async.rollout.engines import make_engine
+from ragen_async.rollout.gate import AdmissionGate
 from ragen_async.rollout.worker import RolloutWorker, validate_engine
-from ragen_async.staleness import AdmissionController
 from ragen_async.transport import make_sender
 from ragen_async.weight_sync import WeightReceiver, make_receiver, resolve_backend
 
@@ -33,8 +33,13 @@ log = logging.getLogger(__name__)
 ENGINE_WATCH_S = 1.0
 """How often a rollout actor checks that its inference engine is alive."""
 
-AdmissionGate = ray.remote(AdmissionController)
-"""The run's one admission controller as a Ray actor (the plain class, unchanged)."""
+ADMIT_WAIT_S = 1.0
+"""How long the gate holds an admission request while no slot is free before it answers none (the actor then
+asks again): short enough that a stopping actor is not held up, long enough that blocked actors cost the gate
+about one call a second each instead of one per rollout-loop tick."""
+
+GateActor = ray.remote(AdmissionGate)
+"""The run's admission gate as a Ray actor (the plain class, unchanged; an async actor: one event loop)."""
 
 
 @ray.remote
@@ -92,8 +97,8 @@ class RolloutActor:
             send_timeout_s=cfg.transport.send_timeout_s))
         return engine.policy_version
 
-    async def _admit(self) -> int | None:
-        return await self.gate.try_admit.remote(self.worker_id)
+    async def _admit(self, n: int) -> list[int]:
+        return await self.gate.admit.remote(self.worker_id, n, ADMIT_WAIT_S)
 
     def pid(self) -> int:
         return os.getpid()

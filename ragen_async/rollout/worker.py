@@ -81,42 +81,52 @@ class RolloutWorker:
         self.groups_played += 1
         return group
 
-    async def run(self, admit: Callable[[], Awaitable[int | None]], send: Callable[[TrajectoryGroup], Awaitable[None]],
-                  should_stop: Callable[[], bool], wait_s: float = 0.05) -> None:
+    async def run(self, admit: Callable[[int], Awaitable[list[int]]],
+                  send: Callable[[TrajectoryGroup], Awaitable[None]], should_stop: Callable[[], bool],
+                  wait_s: float = 0.05) -> None:
         """Play admitted groups, up to ``max_concurrent_groups`` at once, and ``send`` each when done.
 
-        ``admit`` returns the next group index, or ``None`` while admission control says wait. The
-        loop records how long it waited for admission and how long it had work in flight, which
-        become ``staleness/admission_wait_s`` and ``rollout/idle_frac``.
+        Whenever a slot is free one admission request is out: ``admit(n)`` returns up to ``n`` group indices,
+        and may hold the call until the gate has any (an empty answer: none yet, ask again). Finished groups
+        are sent while it waits. The loop records how long it had nothing in flight while waiting for
+        admission and how long it had work in flight, which become ``staleness/admission_wait_s`` and
+        ``rollout/idle_frac``; ``wait_s`` is how often it looks at ``should_stop``.
         """
         in_flight: set[asyncio.Task] = set()
+        request: asyncio.Task | None = None
         limit = self.cfg.rollout.max_concurrent_groups
         loop = asyncio.get_running_loop()
-        last = loop.time()
-        while not should_stop():
-            blocked = False
-            while len(in_flight) < limit and not should_stop():
-                index = await admit()
-                if index is None:
-                    blocked = True
-                    break
-                in_flight.add(asyncio.create_task(self.play_group(index)))
-            t0 = loop.time()
-            if in_flight:
-                done, in_flight = await asyncio.wait(in_flight, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
-            else:
-                done = set()
-                await asyncio.sleep(wait_s)
-            now = loop.time()
-            if blocked and not in_flight and not done:
-                self.admission_wait_s += now - t0
-            if in_flight or done:
-                self.busy_s += now - last
-            last = now
-            for task in done:
-                await send(task.result())  # an exception here fails the worker loudly
-        for task in in_flight:
-            task.cancel()
+        last = retry_at = loop.time()
+        try:
+            while not should_stop():
+                if request is None and len(in_flight) < limit and loop.time() >= retry_at:
+                    request = asyncio.ensure_future(admit(limit - len(in_flight)))
+                idle = not in_flight
+                waiting = in_flight | {request} if request else in_flight
+                if waiting:
+                    done, _ = await asyncio.wait(waiting, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+                else:
+                    done = set()
+                    await asyncio.sleep(wait_s)
+                now = loop.time()
+                if idle:
+                    self.admission_wait_s += now - last
+                else:
+                    self.busy_s += now - last
+                last = now
+                if request in done:
+                    done.discard(request)
+                    indices = request.result()
+                    in_flight |= {asyncio.create_task(self.play_group(i)) for i in indices}
+                    request = None
+                    if not indices:  # none now: ask again a tick later (a gate that waits has waited already)
+                        retry_at = now + wait_s
+                for task in done:
+                    in_flight.discard(task)
+                    await send(task.result())  # an exception here fails the worker loudly
+        finally:
+            for task in [*in_flight, *([request] if request else [])]:
+                task.cancel()
 
 
 def summarize_trajectories(trajectories: Sequence[Trajectory], prefix: str) -> dict[str, float]:
