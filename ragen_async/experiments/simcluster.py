@@ -262,8 +262,8 @@ class ActorHost:
     in this machine's memory). Each is a :class:`SimRolloutWorker` running the real rollout loop with its
     own engine stand-in and ``ZmqSender``, and asks the run's admission gate actor for groups with the call a
     production rollout actor makes (``RolloutActor._admit``); the host records each of those calls and times a
-    no-op gate call every ``PING_S``. The hosts answer the runtime's calls that ``RolloutActor`` answers (``start``, ``check``,
-    ``receive_weights``, ``shutdown``); ``stats`` gives one entry per simulated actor."""
+    no-op gate call every ``PING_S``. The hosts answer the runtime's calls that ``RolloutActor`` answers
+    (``start``, ``check``, ``receive_weights``, ``shutdown``); ``stats`` gives one entry per simulated actor."""
 
     PING_S = 0.05
     """How often the host times a no-op call to the gate."""
@@ -291,7 +291,7 @@ class ActorHost:
     def pid(self) -> int:
         return os.getpid()
 
-    def _admit(self, worker_id: str) -> Callable[[], Any]:
+    def _admit(self, worker_id: str) -> Callable[[int], Any]:
         async def admit(n: int) -> list[int]:
             t0 = time.monotonic()
             if self.admission == "wait":
