@@ -572,6 +572,12 @@ def save_model_dir(model, tokenizer, out_dir: Path, info: dict[str, Any]) -> Non
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
+    # Which weights this is: two builds with one cache key need not be equal bit for bit (another CPU's kernels
+    # round differently), and a study comparing runs must know whether they started from the same model.
+    digest = hashlib.sha256()
+    for weights in sorted(tmp.glob("*.safetensors")):
+        digest.update(weights.read_bytes())
+    info = {**info, "weights_sha256": digest.hexdigest()}
     (tmp / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
     if out_dir.exists():
         shutil.rmtree(out_dir)

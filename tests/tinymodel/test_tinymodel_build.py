@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 
 import pytest
@@ -70,7 +71,10 @@ def test_ensure_reuses_a_complete_build_and_rebuilds_otherwise(small_build, tmp_
     other = dataclasses.replace(SMALL, sft_steps=2)
     ensure_tiny_model(target, seed=7, config=other, log=messages.append)
     assert len(calls) == 1 and is_complete_build(target, cache_key(other, 7))
-    assert json.loads((target / BUILD_INFO).read_text())["config"]["sft_steps"] == 2
+    info = json.loads((target / BUILD_INFO).read_text())
+    assert info["config"]["sft_steps"] == 2
+    # the build names its weights: the digest of the safetensors file it wrote
+    assert info["weights_sha256"] == hashlib.sha256((target / "model.safetensors").read_bytes()).hexdigest()
     ensure_tiny_model(target, seed=8, config=other, log=messages.append)
     assert len(calls) == 2
 
