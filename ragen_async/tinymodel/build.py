@@ -572,8 +572,8 @@ def save_model_dir(model, tokenizer, out_dir: Path, info: dict[str, Any]) -> Non
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    # Which weights this is: two builds with one cache key need not be equal bit for bit (another CPU's kernels
-    # round differently), and a study comparing runs must know whether they started from the same model.
+    # Which weights this is: a study comparing runs must know whether they started from the same model, and
+    # that builds with one cache key are equal bit for bit on other machines is not established.
     digest = hashlib.sha256()
     for weights in sorted(tmp.glob("*.safetensors")):
         digest.update(weights.read_bytes())
