@@ -52,7 +52,7 @@ test: model
 FAST_TESTS := tests/algo tests/envs tests/agent tests/transport tests/test_buffer.py tests/test_staleness.py \
 	tests/test_adaptive_staleness.py tests/test_audit_staleness.py tests/test_budget.py tests/test_collapse.py \
 	tests/test_config.py tests/test_config_explain.py tests/test_loop.py tests/test_engine_pool.py tests/test_admission_gate.py \
-	tests/test_bounded_memory.py tests/test_layering.py
+	tests/test_bounded_memory.py tests/test_layering.py tests/test_modeldir.py
 test-fast: model
 	WANDB_MODE=disabled $(PY) -m pytest -q -x -m "not vllm and not slow" $(FAST_TESTS)
 

@@ -8,10 +8,13 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from ragen_async.config import ModelConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Asynchronous StarPO-S training of multi-turn LLM agents.")
@@ -105,7 +108,7 @@ def train(
     if run_dir is not None and run_dir.exists():
         _fail(f"--run-dir {run_dir} already exists; continue that run with --resume {run_dir}")
     if cfg is not None:
-        _check_model(cfg.model.path)
+        _check_model(cfg.model)
     t0 = time.perf_counter()
     try:
         path, last = run_train(cfg, resume=resume, run_dir_path=run_dir)
@@ -126,14 +129,16 @@ def train(
             _fail(f"final validation success {got} is below the required {require_val_success}")
 
 
-def _check_model(path: str) -> None:
-    if not (Path(path) / "config.json").is_file():
+def _check_model(model: ModelConfig) -> None:
+    from ragen_async.modeldir import model_problem
+
+    problem = model_problem(model.path, model.sha256)
+    if problem is not None:
         from ragen_async.tinymodel.warmstart import warm_start_command, warm_start_named_by
 
-        name = warm_start_named_by(path)
+        name = warm_start_named_by(model.path)
         command = "ragen-async make-model" if name is None else warm_start_command(name)
-        _fail(f"model.path={path!r} does not exist or is not a model directory; "
-              f"run `{command}` or point model.path at a local checkpoint")
+        _fail(f"{problem}; run `{command}` or point model.path at a local checkpoint")
 
 
 @app.command()
@@ -246,7 +251,7 @@ def eval_cmd(
             _fail(f"--policy must be llm, random or oracle (got {p!r})")
     if temperature is not None and not temperature >= 0:
         _fail(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
-    _check_model(cfg.model.path)
+    _check_model(cfg.model)
     from ragen_async.evaluation import run_eval
 
     try:

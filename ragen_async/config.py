@@ -34,6 +34,8 @@ class ModelConfig(_Strict):
     """Base model of the critic; ``None`` = the actor's base (RAGEN)."""
     gradient_checkpointing: bool = False
     """Recompute the actor's activations in backward: less learner memory, more compute (the critic is unaffected)."""
+    sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
+    """Digest of the weights (``build_info.json``'s ``weights_sha256``) a run must start from; ``None`` = any."""
 
 
 class EnvGroupSpec(_Strict):

@@ -54,6 +54,7 @@ from rich.table import Table
 
 from ragen_async.config import ConfigError, RunConfig, dump_config, load_config
 from ragen_async.engine_pool import EnginePool
+from ragen_async.modeldir import model_problem
 from ragen_async.orchestrator import Interrupted
 
 TrainFn = Callable[..., tuple[Path, dict[str, float]]]
@@ -282,10 +283,11 @@ def plan_sweep(spec: SweepSpec, extra_overrides: Sequence[str] = ()) -> Plan:
     return Plan(spec, runs, excluded, tuple(extra_overrides))
 
 
-def missing_models(configs: Sequence[RunConfig]) -> list[str]:
-    """The ``model.path`` values of these configs that are not a model directory here."""
-    paths = dict.fromkeys(c.model.path for c in configs)
-    return [p for p in paths if not (Path(p) / "config.json").is_file()]
+def model_problems(configs: Sequence[RunConfig]) -> list[str]:
+    """Why runs of these configs cannot start from their ``model.path`` here (missing, or not the pinned
+    weights), one line per distinct model."""
+    models = dict.fromkeys((c.model.path, c.model.sha256) for c in configs)
+    return [problem for path, sha in models if (problem := model_problem(path, sha)) is not None]
 
 
 # ---------------------------------------------------------------------------- the manifest
@@ -589,15 +591,15 @@ def run_sweep(
         configs = [r.config for r in plan.runs]
         if dry_run:
             print_plan(plan, console)
-            for path in missing_models(configs):
-                console.print(f"[yellow]note:[/] model.path={path!r} is not a model directory here")
+            for problem in model_problems(configs):
+                console.print(f"[yellow]note:[/] {escape(problem)}")
             return None
         sweep = None
 
-    missing = missing_models(configs)
-    if missing:
-        raise SweepError(f"model.path {missing} not found (no config.json); run `ragen-async make-model` "
-                         f"or point model.path at a local checkpoint")
+    problems = model_problems(configs)
+    if problems:
+        raise SweepError("; ".join(problems) + "; run `ragen-async make-model` (or the warm start's build) "
+                         "or point model.path at a local checkpoint")
     if sweep is None:
         sweep = Sweep.create(plan, out if out is not None else default_sweep_dir(plan.spec.name))
     try:

@@ -41,6 +41,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from ragen_async.modeldir import weights_sha256
 from ragen_async.tinymodel import corpus
 from ragen_async.tinymodel.tokenizer import GRID_SYMBOLS
 
@@ -574,10 +575,7 @@ def save_model_dir(model, tokenizer, out_dir: Path, info: dict[str, Any]) -> Non
     tokenizer.save_pretrained(tmp)
     # Which weights this is: a study comparing runs must know whether they started from the same model, and
     # that builds with one cache key are equal bit for bit on other machines is not established.
-    digest = hashlib.sha256()
-    for weights in sorted(tmp.glob("*.safetensors")):
-        digest.update(weights.read_bytes())
-    info = {**info, "weights_sha256": digest.hexdigest()}
+    info = {**info, "weights_sha256": weights_sha256(tmp)}
     (tmp / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
     if out_dir.exists():
         shutil.rmtree(out_dir)
