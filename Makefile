@@ -44,8 +44,10 @@ demo: model
 		&& echo "[make] demo: done in $$((SECONDS - start)) s"
 
 # Everything that guards correctness (real Ray, vLLM, SLURM, Ray jobs, hostile traffic, kills); soak runs are opt-in.
+# Two workers: the tests that start clusters and engines run in order on one (tests/conftest.py, SERIAL_MODULES),
+# the rest on the other meanwhile.
 test: model
-	WANDB_MODE=disabled $(PY) -m pytest -q -x --durations=20
+	WANDB_MODE=disabled $(PY) -m pytest -q -x -n 2 --durations=20
 
 # The inner loop (446 tests, about 40 s on 2 cores): the StarPO-S math, envs, episodes, codec and transport,
 # buffer, staleness and admission, config, budget, collapse watch; no engine, no cluster, no learner.

@@ -153,10 +153,9 @@ def audit(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> N
     from rich.table import Table
 
     from ragen_async.config import StalenessConfig
-    from ragen_async.orchestrator import DRIVER_STATE
     from ragen_async.provenance import audit as audit_run
     from ragen_async.provenance import audit_staleness, bounds_from_metrics, read_provenance
-    from ragen_async.rundir import RunDir
+    from ragen_async.rundir import DRIVER_STATE, RunDir
 
     rd = RunDir(run_dir)
     checkpoint = rd.latest_checkpoint() if rd.checkpoints.is_dir() else None

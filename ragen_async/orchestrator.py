@@ -42,13 +42,11 @@ from ragen_async.metrics import ConsoleSink, JsonlSink, MetricsSink, MultiSink, 
 from ragen_async.protocol import NO_VERSION
 from ragen_async.provenance import ProvenanceLog, rewind_jsonl
 from ragen_async.rollout.worker import rollout_metrics
-from ragen_async.rundir import RunDir, finalize_checkpoint, staging_path
+from ragen_async.rundir import DRIVER_STATE, RunDir, finalize_checkpoint, staging_path
 from ragen_async.runtime import Runtime
 from ragen_async.staleness import AdaptiveBound
 
 log = logging.getLogger(__name__)
-
-DRIVER_STATE = "driver_state.json"
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 """Signals that end a run gracefully: the current step finishes, a checkpoint is written, the run stops

@@ -28,6 +28,8 @@ from ragen_async.config import RunConfig, dump_config
 
 log = logging.getLogger(__name__)
 MANIFEST = "MANIFEST.json"
+DRIVER_STATE = "driver_state.json"
+"""The driver's part of a checkpoint: its step, the admission state, the budget spent."""
 
 
 @dataclass

