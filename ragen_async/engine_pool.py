@@ -13,6 +13,10 @@ load, and requests are salted with their version anyway). Learner ranks and the 
 always new. A run gives back every rollout actor that releases cleanly within a minute (its engine
 alive), also when the run itself failed; the others are ended.
 
+Idle actors hold their Ray resources (CPUs, GPUs). A run that must start actors of its own first makes room
+(:meth:`EnginePool.make_room`): the actors idle longest are ended until the new ones fit, so that a sweep
+whose runs differ in seed or model does not wait forever for its first new actor.
+
 The pool owns the Ray session a pooled run started (the run leaves it up for the next one);
 :meth:`EnginePool.close` kills the idle actors and shuts that session down.
 """
@@ -42,13 +46,16 @@ class EnginePool:
     """Idle rollout actors by :func:`engine_key`. Use as a context manager, or call :meth:`close`."""
 
     def __init__(self) -> None:
-        self._idle: dict[str, list[Any]] = {}
+        self._idle: list[tuple[str, Any]] = []
+        """(key, actor), in the order they were given back: the first has been idle longest."""
         self.owns_ray = False
         """A run using this pool started the Ray session: :meth:`close` shuts it down."""
         self.built = 0
         """Rollout actors started for runs using this pool."""
         self.reused = 0
         """Rollout actors a run took from this pool instead of starting one."""
+        self.evicted = 0
+        """Idle actors ended to make room for a run's new ones."""
 
     def take(self, key: str) -> Any | None:
         """An idle actor built under ``key``, or None (none, or the Ray session they lived in is gone)."""
@@ -56,28 +63,55 @@ class EnginePool:
         if ray is None or not ray.is_initialized():
             self._idle.clear()  # they died with their session
             return None
-        idle = self._idle.get(key)
-        return idle.pop() if idle else None
+        for i in range(len(self._idle) - 1, -1, -1):
+            if self._idle[i][0] == key:
+                return self._idle.pop(i)[1]
+        return None
 
     def give(self, key: str, actor: Any) -> None:
         """Keep ``actor`` (released from its run, engine alive) for a later run with the same key."""
-        self._idle.setdefault(key, []).append(actor)
+        self._idle.append((key, actor))
 
     def __len__(self) -> int:
-        return sum(map(len, self._idle.values()))
+        return len(self._idle)
+
+    def make_room(self, cpus: float, gpus: float) -> int:
+        """End idle actors, the longest idle first, until ``cpus`` and ``gpus`` are free in the Ray session for
+        the actors a run is about to start (Ray frees an ended actor's resources shortly after; the new actors
+        wait for them). Returns how many were ended."""
+        ray = sys.modules.get("ray")
+        if not self._idle or ray is None or not ray.is_initialized():
+            return 0
+        free = ray.available_resources()
+        cpu, gpu = free.get("CPU", 0.0), free.get("GPU", 0.0)
+        ended = []
+        while (cpu < cpus - 1e-9 or gpu < gpus - 1e-9) and self._idle:
+            key, actor = self._idle.pop(0)
+            held_cpus, held_gpus = json.loads(key)["resources"][:2]
+            cpu, gpu = cpu + held_cpus, gpu + held_gpus
+            ended.append(actor)
+        if ended:
+            log.info("ending %d idle rollout actor(s) to make room for this run's new ones", len(ended))
+            self._end(ray, ended)
+            self.evicted += len(ended)
+        return len(ended)
+
+    @staticmethod
+    def _end(ray: Any, actors: list[Any]) -> None:
+        try:
+            ray.get([a.shutdown.remote() for a in actors], timeout=60)
+        except Exception as e:  # noqa: BLE001 - the actors are killed below either way
+            log.warning("error while shutting pooled rollout actors down: %s", e)
+        for a in actors:
+            ray.kill(a, no_restart=True)
 
     def close(self) -> None:
         """Shut the idle actors' engines down and end them; end the Ray session if a pooled run started it."""
         ray = sys.modules.get("ray")  # (never imported: nothing of Ray to end)
-        actors = [a for idle in self._idle.values() for a in idle]
+        actors = [a for _, a in self._idle]
         self._idle.clear()
         if ray is not None and ray.is_initialized():
-            try:
-                ray.get([a.shutdown.remote() for a in actors], timeout=60)
-            except Exception as e:  # noqa: BLE001 - the actors are killed below either way
-                log.warning("error while shutting pooled rollout actors down: %s", e)
-            for a in actors:
-                ray.kill(a, no_restart=True)
+            self._end(ray, actors)
             if self.owns_ray:
                 ray.shutdown()
         self.owns_ray = False

@@ -171,9 +171,15 @@ class RayRuntime(Runtime):
         # The engines start while the learner ranks load their models and form their group: the two
         # depend on each other only through the weight group, formed once both are up.
         self._keys = [engine_key(cfg, f"w{i}", self.weight_backend) for i in range(cfg.rollout.num_workers)]
-        self.rollouts = [self._pooled_actor(i) or self._rollout_actor(i) for i in range(cfg.rollout.num_workers)]
-        engines_up = [r.setup.remote() for r in self.rollouts]
+        self.rollouts = [self._pooled_actor(i) for i in range(cfg.rollout.num_workers)]
+        new = [i for i, actor in enumerate(self.rollouts) if actor is None]
         L = cfg.learner.num_ranks
+        if self.pool is not None:  # idle actors of other runs hold the resources the new actors need
+            self.pool.make_room(cpus=len(new) * cfg.rollout.cpus_per_worker + L * cfg.learner.cpus_per_rank,
+                                gpus=len(new) * cfg.rollout.gpus_per_worker + L * cfg.learner.gpus_per_rank)
+        for i in new:
+            self.rollouts[i] = self._rollout_actor(i)
+        engines_up = [r.setup.remote() for r in self.rollouts]
         self.learners = [
             LearnerActor.options(num_cpus=cfg.learner.cpus_per_rank, num_gpus=cfg.learner.gpus_per_rank,
                                  name=None).remote(data, rank, L, secret, self._log_path(f"learner-{rank}"))

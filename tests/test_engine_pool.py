@@ -39,3 +39,52 @@ def test_without_a_ray_session_the_pool_has_nothing_to_give(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray had never been imported
     assert pool.take(key()) is None and len(pool) == 0
     pool.close()
+
+
+class FakeActor:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+        outer = self
+
+        class Shutdown:
+            @staticmethod
+            def remote():
+                outer.log.append(("shutdown", outer.name))
+
+        self.shutdown = Shutdown
+
+
+class FakeRay:
+    def __init__(self, free_cpus, log):
+        self.free, self.log = {"CPU": free_cpus}, log
+
+    def is_initialized(self):
+        return True
+
+    def available_resources(self):
+        return dict(self.free)
+
+    def get(self, refs, timeout=None):
+        return refs
+
+    def kill(self, actor, no_restart=True):
+        self.log.append(("kill", actor.name))
+
+
+def test_a_run_that_needs_new_actors_ends_the_longest_idle_ones_until_they_fit(monkeypatch):
+    """Idle actors hold their CPUs: a sweep whose next run differs in seed would otherwise wait for ever for
+    its first new actor (the study's 2-CPU Ray session holds exactly one idle 2-CPU engine)."""
+    log = []
+    fake = FakeRay(free_cpus=1.0, log=log)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    pool = EnginePool()
+    two_cpus = ["rollout.cpus_per_worker=2"]
+    for name, k in [("a", key(*two_cpus)), ("b", key(*two_cpus, "seed=1")), ("c", key(*two_cpus, "seed=2"))]:
+        pool.give(k, FakeActor(name, log))
+    assert pool.make_room(cpus=1.0, gpus=0.0) == 0 and log == []  # fits already: nothing ended
+    assert pool.make_room(cpus=2 + 1.0, gpus=0.0) == 1  # one new 2-CPU actor and a learner: a (oldest) goes
+    assert log == [("shutdown", "a"), ("kill", "a")] and len(pool) == 2 and pool.evicted == 1
+    assert pool.take(key(*two_cpus)) is None  # a is gone; b and c are still there to take
+    assert pool.take(key(*two_cpus, "seed=2")).name == "c"
+    assert pool.make_room(cpus=100.0, gpus=0.0) == 1 and len(pool) == 0  # ends what there is, no more
+    assert pool.make_room(cpus=100.0, gpus=0.0) == 0

@@ -215,40 +215,6 @@ def test_k0_ray_reproduces_the_local_reference(tiny_model_path, tmp_path, pool):
             assert a[k] == pytest.approx(b[k], rel=1e-3, abs=1e-5), k
 
 
-def test_a_staleness_sweep_trains_for_real_on_ray(tiny_model_path, tmp_path, pool):
-    """`ragen-async sweep` with the real orchestrator (no stand-in train): a bounded and a fixed-lag cell
-    at k = 1 both finish, each run's provenance shows the staleness its cell asked for, and the second cell
-    played on the first one's rollout actor (kept warm in the pool)."""
-    import io
-
-    import yaml
-    from rich.console import Console
-
-    from ragen_async.experiments.sweep import run_sweep
-
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump({
-        "name": "t", "base": str(Path("configs/tiny/starpo_s_bandit.yaml").resolve()),
-        "overrides": {"runtime": "ray", "staleness.max_staleness": 1}, "grid": {"staleness.fixed_lag": [False, True]}}))
-    # One engine per run: the sweep's part is running two real runs in one process, one after the other.
-    over = [o for o in ray_cfg_overrides(tiny_model_path, tmp_path)
-            if not o.startswith(("runtime=", "run_root=", "rollout.num_workers="))]
-    reused = pool.reused
-    sweep = run_sweep(spec, out=tmp_path / "sweep", overrides=[*over, "total_steps=3", "rollout.num_workers=1"],
-                      report=False, console=Console(file=io.StringIO()), pool=pool)
-    assert pool.reused >= reused + 1
-    runs = json.loads((sweep.directory / "sweep.json").read_text())["runs"]
-    assert len(runs) == 2 and all(r["status"] == "done" for r in runs.values()), runs
-    for rec in runs.values():
-        fixed = rec["overrides"]["staleness.fixed_lag"]
-        provenance = read_provenance(sweep.directory / rec["run_dir"] / "provenance.jsonl")
-        assert [p["step"] for p in provenance] == [1, 2, 3]
-        staleness = consumed_staleness(provenance)
-        assert max(staleness) <= 1
-        if fixed:
-            assert staleness == [min(1, p["learner_version"]) for p in provenance for _ in p["groups"]]
-
-
 def test_killed_rollout_actors_are_replaced_and_no_group_is_lost_or_trained_twice(tiny_model_path, tmp_path, pool):
     """A rollout actor dies three times during one run: its process is killed twice and, once, only its
     engine-core process (the actor notices its dead engine and exits). Each time a new actor takes its
@@ -380,6 +346,47 @@ def test_adaptive_staleness_tightens_the_real_gate_of_an_fsdp_pool_and_the_new_b
     for step in (4, 7):
         ckpt = run_dir.checkpoints / f"step_{step:06d}"
         assert (ckpt / "actor" / "model.safetensors").exists() and (ckpt / "learner_state.pt").exists()
+
+
+def test_a_staleness_sweep_trains_for_real_on_ray_and_makes_room_for_a_run_that_needs_it(tiny_model_path, tmp_path,
+                                                                                         pool):
+    """`ragen-async sweep` with the real orchestrator (no stand-in train): a bounded and a fixed-lag cell
+    at k = 1 both finish, each run's provenance shows the staleness its cell asked for, and the second cell
+    played on the first one's rollout actor (kept warm in the pool). Every run needs all 8 of the session's
+    CPUs (learner ranks of 3.5), and the third, with another seed, a new actor: the idle one of the runs before
+    holds a CPU, and is ended to make room, where before the run waited for ever (the study's sweep did, at
+    its first change of engine key). (Last in the module: it empties the pool.)"""
+    import io
+
+    import yaml
+    from rich.console import Console
+
+    from ragen_async.experiments.sweep import run_sweep
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "t", "base": str(Path("configs/tiny/starpo_s_bandit.yaml").resolve()),
+        "overrides": {"runtime": "ray", "staleness.max_staleness": 1, "learner.cpus_per_rank": 3.5},
+        "grid": {"seed": [0, 1], "staleness.fixed_lag": [False, True]},
+        "exclude": [{"seed": 1, "staleness.fixed_lag": True}]}, sort_keys=False))
+    # One engine per run: the sweep's part is running real runs in one process, one after the other.
+    over = [o for o in ray_cfg_overrides(tiny_model_path, tmp_path)
+            if not o.startswith(("runtime=", "run_root=", "rollout.num_workers="))]
+    reused, evicted = pool.reused, pool.evicted
+    sweep = run_sweep(spec, out=tmp_path / "sweep", overrides=[*over, "total_steps=3", "rollout.num_workers=1"],
+                      report=False, console=Console(file=io.StringIO()), pool=pool)
+    assert pool.reused >= reused + 1  # the second run played on the first one's actor
+    assert pool.evicted >= evicted + 1  # the third ended it to make room for its own
+    runs = json.loads((sweep.directory / "sweep.json").read_text())["runs"]
+    assert len(runs) == 3 and all(r["status"] == "done" for r in runs.values()), runs
+    for rec in runs.values():
+        fixed = rec["overrides"]["staleness.fixed_lag"]
+        provenance = read_provenance(sweep.directory / rec["run_dir"] / "provenance.jsonl")
+        assert [p["step"] for p in provenance] == [1, 2, 3]
+        staleness = consumed_staleness(provenance)
+        assert max(staleness) <= 1
+        if fixed:
+            assert staleness == [min(1, p["learner_version"]) for p in provenance for _ in p["groups"]]
 
 
 def test_the_runtime_s_counters_travel_with_the_checkpoint(tmp_path):
