@@ -9,13 +9,15 @@ import pytest
 # `make test` runs the suite on two pytest-xdist workers (`-n 2`). The tests in these modules run one after
 # another on one of them, in file order, as in a serial run: they start Ray clusters, vLLM engines, SLURM
 # daemons or training processes (which fill both cores and have start-up deadlines), depend on their
-# module's order, or assert wall-clock bounds under a second. Everything else (most tests, a fifth of the
-# time: pure functions, learner ranks, timeouts that wait) runs on the other worker meanwhile.
+# module's order, or give processes and threads a few seconds at most (weight-group joins, transport
+# timeouts: a gloo join timed out at 3 s beside the engines once). Everything else (most tests, a fifth of
+# the time: pure functions, learner ranks, envs, the agent) runs on the other worker meanwhile.
 SERIAL_MODULES = frozenset({
     "test_ray_runtime.py", "test_driver_kill.py", "test_orchestrator_local.py", "test_gpu_run.py", "test_soak.py",
     "test_admission_gate.py", "test_ray_job_real.py", "test_slurm_real.py", "test_simcluster.py",
     "test_device_check.py", "test_experiments_scripts.py", "test_rllib_ref.py", "test_vllm_engine.py",
-    "test_gloo_vllm.py", "test_nccl.py", "test_nccl_faults.py", "test_transport_zmq.py",
+    "test_gloo.py", "test_gloo_faults.py", "test_gloo_vllm.py", "test_nccl.py", "test_nccl_faults.py",
+    "test_transport_zmq.py", "test_transport_inproc.py", "test_transport_replay.py",
 })
 
 
