@@ -391,10 +391,10 @@ def train(cfg: RunConfig | None = None, *, resume: Path | None = None, runtime: 
     sink = make_sink(cfg, run_dir, skip_wandb_until)
     exit_code = 1
     watchdog = reaper.start()  # if this process is killed, nothing it started keeps running
-    stop, previous = StopRequest(), {}
+    stop = StopRequest()
+    previous = stop.install()  # before the runtime: a stop during its start-up (engines, actors) counts too
     try:
         runtime = runtime if runtime is not None else make_runtime(cfg, logs, pool)
-        previous = stop.install()  # after the runtime: ray.init() sets its own SIGTERM handler (sys.exit)
         last = run_trainer(cfg, run_dir, sink, runtime, checkpoint, stop=stop)
         exit_code = 0
         return run_dir.path, last

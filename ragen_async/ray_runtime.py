@@ -28,6 +28,8 @@ import json
 import logging
 import os
 import secrets
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -142,7 +144,12 @@ class RayRuntime(Runtime):
             kwargs.update(num_cpus=max(int(np.ceil(needed)), os.cpu_count() or 1), include_dashboard=False,
                           object_store_memory=200 * 2**20,
                           runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled"}})
+        # ray.init() replaces the SIGTERM handler with one that exits the process at once; the run's own (stop
+        # after the current step, with a checkpoint) is put back. A SIGTERM inside ray.init() still exits.
+        before = signal.getsignal(signal.SIGTERM)
         ray.init(**kwargs)
+        if threading.current_thread() is threading.main_thread() and before is not None:
+            signal.signal(signal.SIGTERM, before)
         self._started_ray = True
 
     def _open_planes(self) -> bytes:

@@ -168,6 +168,59 @@ def test_sigterm_stops_after_the_current_step_with_a_checkpoint_and_resume_compl
     assert steps_logged() == list(range(1, 9))
 
 
+def test_a_sigterm_while_the_runtime_starts_stops_the_run_after_its_first_step(tiny_model_path, tmp_path,
+                                                                            monkeypatch):
+    """A stop signal that arrives while the runtime is being built (engines starting; in a sweep, every run
+    after the first) is not lost: the run stops after its first step with a checkpoint. (Before, the handler
+    was installed only after the runtime, and such a SIGTERM was ignored or ended the process.)"""
+    import os
+    import signal
+
+    cfg = bandit_cfg(tiny_model_path, tmp_path, "total_steps=8", "validation.every=0", "checkpoint_every=0",
+                     "logging.wandb_mode=disabled")
+    chat = ChatFormat.from_pretrained(tiny_model_path)
+
+    def make_runtime_and_get_a_sigterm(cfg, *_args):
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered here, in the main thread, before the runtime exists
+        return LocalRuntime(cfg, fake_bandit_engine(chat))
+
+    monkeypatch.setattr(orchestrator, "make_runtime", make_runtime_and_get_a_sigterm)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(orchestrator.Interrupted, match="SIGTERM after step 1") as stopped:
+        orchestrator.train(cfg, run_dir_path=tmp_path / "run")
+    assert stopped.value.step == 1 and signal.getsignal(signal.SIGTERM) is before
+    assert RunDir(tmp_path / "run").latest_checkpoint().name == "step_000001"
+
+
+def test_starting_ray_keeps_the_runs_sigterm_handler(tiny_model_path, tmp_path, monkeypatch):
+    """ray.init() installs a SIGTERM handler that exits the process at once (ray/_private/worker.py:
+    ``sys.exit(signum)``); a Ray runtime started after the run's stop handler puts the run's back, so a
+    SIGTERM during the engines' start-up still means: stop after the current step, with a checkpoint."""
+    import signal
+
+    import ray
+
+    from ragen_async.ray_runtime import RayRuntime
+
+    def ray_init_as_ray_does(**_kwargs):
+        signal.signal(signal.SIGTERM, lambda signum, _frame: exit(signum))
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # (the start-up would set it in this process)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", ray_init_as_ray_does)
+    runtime = RayRuntime.__new__(RayRuntime)  # only the Ray start-up, no actors
+    runtime.cfg = bandit_cfg(tiny_model_path, tmp_path, "runtime=ray")
+    runtime.log_dir = tmp_path
+    stop = orchestrator.StopRequest()
+    previous = stop.install()
+    try:
+        runtime._init_ray()
+        assert signal.getsignal(signal.SIGTERM) is stop and runtime._started_ray
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def test_resuming_a_run_without_a_checkpoint_trains_it_from_the_start(tiny_model_path, tmp_path, capsys):
     """A run dir whose weights were not kept (a study's sweep carried to another clone): its records are
     dropped and it trains again from step 1, with no duplicate steps in metrics or provenance."""
