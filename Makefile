@@ -44,10 +44,11 @@ demo: model
 		&& echo "[make] demo: done in $$((SECONDS - start)) s"
 
 # Everything that guards correctness (real Ray, vLLM, SLURM, Ray jobs, hostile traffic, kills); soak runs are opt-in.
-# Two workers: the tests that start clusters and engines run in order on one (tests/conftest.py, SERIAL_MODULES),
-# the rest on the other meanwhile.
+# Two workers: the tests that start clusters and engines run in two lanes beside each other, everything else where a
+# worker is free; then the tests with few-second timeouts, with nothing beside them (tests/conftest.py: LANES, ALONE_MODULES).
 test: model
-	WANDB_MODE=disabled $(PY) -m pytest -q -x -n 2 --durations=20
+	WANDB_MODE=disabled $(PY) -m pytest -q -x -n 2 -m "not soak and not alone" --durations=20
+	WANDB_MODE=disabled $(PY) -m pytest -q -x -m "alone and not soak"
 
 # The inner loop (450 tests, about 40 s on 2 cores): the StarPO-S math, envs, episodes, codec and transport,
 # buffer, staleness and admission, config, budget, collapse watch; no engine, no cluster, no learner.

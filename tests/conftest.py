@@ -6,18 +6,24 @@ import os
 
 import pytest
 
-# `make test` runs the suite on two pytest-xdist workers (`-n 2`). The tests in these modules run one after
-# another on one of them, in file order, as in a serial run: they start Ray clusters, vLLM engines, SLURM
-# daemons or training processes (which fill both cores and have start-up deadlines), depend on their
-# module's order, or give processes and threads a few seconds at most (weight-group joins, transport
-# timeouts: a gloo join timed out at 3 s beside the engines once). Everything else (most tests, a fifth of
-# the time: pure functions, learner ranks, envs, the agent) runs on the other worker meanwhile.
-SERIAL_MODULES = frozenset({
-    "test_ray_runtime.py", "test_driver_kill.py", "test_orchestrator_local.py", "test_gpu_run.py", "test_soak.py",
-    "test_admission_gate.py", "test_ray_job_real.py", "test_slurm_real.py", "test_simcluster.py",
-    "test_device_check.py", "test_experiments_scripts.py", "test_rllib_ref.py", "test_vllm_engine.py",
+# `make test` runs the suite in two parts. First, on two pytest-xdist workers (`-n 2`), everything but the
+# `alone` modules: the modules of each lane below run one after another on one worker, in file order, as in a
+# serial run (they start Ray clusters, vLLM engines, SLURM daemons or training processes, or depend on their
+# module's order); the two lanes run beside each other, one on each worker, and the other tests (pure
+# functions, learner ranks, envs, the agent) go to whichever worker is free. The lanes are split so that
+# nothing in one can disturb the other: "ray" starts local Ray sessions (ray.init, /tmp/ray), "clusters"
+# starts Ray clusters of its own on chosen ports and temp dirs (Ray jobs, SLURM) and engines without Ray.
+# Then, with nothing beside them, the `alone` modules: they give processes and threads a few seconds at most
+# (weight-group joins, transport and admission timeouts; a gloo join timed out at 3 s beside the engines once).
+LANES = {
+    "ray": frozenset({"test_ray_runtime.py", "test_driver_kill.py", "test_simcluster.py", "test_rllib_ref.py",
+                      "test_soak.py", "test_gpu_run.py"}),
+    "clusters": frozenset({"test_slurm_real.py", "test_ray_job_real.py", "test_vllm_engine.py",
+                           "test_orchestrator_local.py", "test_device_check.py", "test_experiments_scripts.py"}),
+}
+ALONE_MODULES = frozenset({
     "test_gloo.py", "test_gloo_faults.py", "test_gloo_vllm.py", "test_nccl.py", "test_nccl_faults.py",
-    "test_transport_zmq.py", "test_transport_inproc.py", "test_transport_replay.py",
+    "test_transport_zmq.py", "test_transport_inproc.py", "test_transport_replay.py", "test_admission_gate.py",
 })
 
 
@@ -27,29 +33,38 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
 
 
-def _serial(nodeid: str) -> bool:
-    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in SERIAL_MODULES
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+
+
+def _lane(nodeid: str) -> str | None:
+    return next((name for name, modules in LANES.items() if _module(nodeid) in modules), None)
 
 
 def pytest_collection_modifyitems(config, items):
-    strays = sorted({item.path.name for item in items if item.get_closest_marker("vllm") and not _serial(item.nodeid)})
+    placed = ALONE_MODULES.union(*LANES.values())
+    strays = sorted({item.path.name for item in items if item.get_closest_marker("vllm") and item.path.name not in placed})
     if strays:
-        raise pytest.UsageError(f"tests marked vllm in {strays}: add the module to SERIAL_MODULES in tests/conftest.py")
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # under xdist: the long serial group is handed out first
-        items.sort(key=lambda item: not _serial(item.nodeid))
+        raise pytest.UsageError(f"tests marked vllm in {strays}: add the module to a lane (or ALONE_MODULES) in "
+                                "tests/conftest.py")
+    for item in items:
+        if item.path.name in ALONE_MODULES:
+            item.add_marker("alone")
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # under xdist: the lanes are handed out first
+        items.sort(key=lambda item: _lane(item.nodeid) is None)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """One work unit for the serial modules' tests (pytest-xdist's `loadgroup` marks no longer reach its
-    scheduler under pytest 9.2), every other test a unit of its own."""
+    """One work unit per lane (pytest-xdist's `loadgroup` marks no longer reach its scheduler under pytest
+    9.2), every other test a unit of its own."""
     from xdist.scheduler import LoadScopeScheduling
 
-    class SerialModulesScheduling(LoadScopeScheduling):
+    class LaneScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "serial" if _serial(nodeid) else nodeid
+            return _lane(nodeid) or nodeid
 
-    return SerialModulesScheduling(config, log)
+    return LaneScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
