@@ -11,6 +11,9 @@ A sweep spec is a small YAML file (see ``configs/sweeps/``)::
       seed: [0, 1, 2]
     exclude:                                # grid points to leave out (a list = any of these values)
       - {staleness.max_staleness: 0, staleness.fixed_lag: true}
+    where:                                  # overrides for the grid points that match (after ``overrides``)
+      - match: {staleness.max_staleness: 0}
+        set: {rollout.cpus_per_worker: 2}
     labels:                                 # optional: how a grid value is spelled in run names
       learner.actor_lr: "lr{}"
 
@@ -133,7 +136,7 @@ def format_override(key: str, value: Any) -> str:
 
 
 # ---------------------------------------------------------------------------- the spec
-SPEC_KEYS = ("name", "description", "base", "overrides", "grid", "exclude", "labels")
+SPEC_KEYS = ("name", "description", "base", "overrides", "grid", "exclude", "where", "labels")
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,8 @@ class SweepSpec:
     grid: dict[str, list[Any]]
     overrides: dict[str, Any] = field(default_factory=dict)
     exclude: list[dict[str, Any]] = field(default_factory=list)
+    where: list[dict[str, Any]] = field(default_factory=list)
+    """``{match: {grid key: value or list}, set: {dotted key: value}}``: overrides for the matching points."""
     labels: dict[str, Any] = field(default_factory=dict)
     description: str = ""
     source: Path | None = None
@@ -196,17 +201,33 @@ class SweepSpec:
             if stray:
                 raise SweepError(f"{where}: exclude[{i}] names {stray}, which are not grid keys {list(grid)}")
 
+        rules = data.get("where") or []
+        if not isinstance(rules, list) or not all(isinstance(r, Mapping) and set(r) == {"match", "set"} for r in rules):
+            raise SweepError(f"{where}: 'where' must be a list of {{match: {{grid key: value}}, set: {{key: value}}}}")
+        for i, rule in enumerate(rules):
+            if not isinstance(rule["match"], Mapping) or not rule["match"] or not isinstance(rule["set"], Mapping) \
+                    or not rule["set"]:
+                raise SweepError(f"{where}: where[{i}] needs a non-empty 'match' and a non-empty 'set' mapping")
+            stray = sorted(set(rule["match"]) - set(grid))
+            if stray:
+                raise SweepError(f"{where}: where[{i}].match names {stray}, which are not grid keys {list(grid)}")
+            clash = sorted(set(rule["set"]) & set(grid))
+            if clash:
+                raise SweepError(f"{where}: where[{i}].set sets grid keys {clash}; that would flatten the grid")
+
         labels = data.get("labels") or {}
         if not isinstance(labels, Mapping):
             raise SweepError(f"{where}: 'labels' must map grid keys to a template ('lr{{}}') or a value->label map")
         name = data.get("name") or (origin.stem if origin else "sweep")
         return cls(name=str(name), base=base, grid={str(k): list(v) for k, v in grid.items()},
-                   overrides=dict(overrides), exclude=[dict(r) for r in exclude], labels=dict(labels),
+                   overrides=dict(overrides), exclude=[dict(r) for r in exclude],
+                   where=[{"match": dict(r["match"]), "set": dict(r["set"])} for r in rules], labels=dict(labels),
                    description=str(data.get("description") or ""), source=origin)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "base": str(self.base),
-                "overrides": self.overrides, "grid": self.grid, "exclude": self.exclude, "labels": self.labels}
+                "overrides": self.overrides, "grid": self.grid, "exclude": self.exclude, "where": self.where,
+                "labels": self.labels}
 
 
 def _matches(rule: Mapping[str, Any], point: Mapping[str, Any]) -> bool:
@@ -270,8 +291,10 @@ def plan_sweep(spec: SweepSpec, extra_overrides: Sequence[str] = ()) -> Plan:
     runs, errors = [], []
     for name, point in zip(names, points, strict=True):
         own = [format_override(k, v) for k, v in point.items()]
+        where = [format_override(k, v) for rule in spec.where if _matches(rule["match"], point) for k, v in rule["set"].items()]
         try:
-            cfg = load_config(spec.base, [*fixed, *extra_overrides, *own, format_override("name", f"{spec.name}-{name}")])
+            cfg = load_config(spec.base, [*fixed, *where, *extra_overrides, *own,
+                                          format_override("name", f"{spec.name}-{name}")])
         except ConfigError as e:
             detail = str(e).replace("\n", "\n    ")
             errors.append(f"  run {name!r} ({' '.join(own) or 'no grid values'}):\n    {detail}")

@@ -76,6 +76,26 @@ def test_clashing_names_are_refused(bandit_spec):
         plan_sweep(SweepSpec.load(path))
 
 
+def test_where_sets_overrides_on_the_matching_points_only(bandit_spec):
+    """The study's placement: at k = 0 rollout and learner take turns and share both cores; at k >= 1 they
+    overlap and each gets its own. A rule's ``set`` comes after the spec's overrides and before the command
+    line's; it never changes a run's name."""
+    split = {"rollout.cpus_per_worker": 1, "rollout.cpu_affinity": [0], "learner.cpu_affinity": [1]}
+    spec = SweepSpec.load(bandit_spec({"staleness.max_staleness": [0, 1, None], "seed": [0, 1]},
+                                      overrides={"runtime": "ray", "rollout.cpus_per_worker": 2},
+                                      where=[{"match": {"staleness.max_staleness": [1, None]}, "set": split},
+                                             {"match": {"seed": 1}, "set": {"learner.torch_threads": 2}}]))
+    runs = {r.name: r.config for r in plan_sweep(spec, ["learner.cpu_affinity=[0]"]).runs}
+    assert list(runs) == ["k0-s0", "k0-s1", "k1-s0", "k1-s1", "kinf-s0", "kinf-s1"]
+    for name, cfg in runs.items():
+        k0 = name.startswith("k0")
+        assert cfg.rollout.cpus_per_worker == (2 if k0 else 1)
+        assert cfg.rollout.cpu_affinity == (None if k0 else [0])
+        assert cfg.learner.cpu_affinity == [0]  # the command line wins
+        assert cfg.learner.torch_threads == (2 if name.endswith("s1") else 1)
+    assert SweepSpec.from_dict(spec.to_dict()).where == spec.where  # kept in the manifest as given
+
+
 @pytest.mark.parametrize("value", [1e-6, 0.25, None, True, "none", "true", 4,
                                    [{"tag": "Bandit", "n_groups": 8}], {"a": 1}])
 def test_overrides_read_back_exactly(value):
@@ -110,6 +130,12 @@ def test_a_bad_value_names_the_one_run_it_breaks(bandit_spec):
     ({"base": "BASE", "grid": {"seed": [0]}, "overrides": {"seed": 1}}, "both fixed overrides and grid keys"),
     ({"base": "BASE", "grdi": {"seed": [0]}}, "unknown key"),
     ({"base": "BASE", "grid": {"seed": [0]}, "exclude": [{"seed": 0}]}, "every grid point is excluded"),
+    ({"base": "BASE", "grid": {"seed": [0]}, "where": [{"match": {"sede": 0}, "set": {"learner.torch_threads": 2}}]},
+     "not grid keys"),
+    ({"base": "BASE", "grid": {"seed": [0]}, "where": [{"match": {"seed": 0}, "set": {"seed": 1}}]},
+     "flatten the grid"),
+    ({"base": "BASE", "grid": {"seed": [0]}, "where": [{"match": {"seed": 0}}]}, "a list of"),
+    ({"base": "BASE", "grid": {"seed": [0]}, "where": [{"match": {}, "set": {"learner.torch_threads": 2}}]}, "non-empty"),
 ])
 def test_malformed_specs_say_what_is_wrong(tmp_path, spec, message):
     if spec.get("base") == "BASE":
