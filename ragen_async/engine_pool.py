@@ -42,6 +42,11 @@ def engine_key(cfg: RunConfig, worker_id: str, weight_backend: str) -> str:
         "resources": [r.cpus_per_worker, r.gpus_per_worker, r.cpu_affinity]}, sort_keys=True)
 
 
+def actor_cpus(cfg: RunConfig) -> float:
+    """Logical CPUs a run's actors ask Ray for: its rollout actors and learner ranks."""
+    return cfg.rollout.num_workers * cfg.rollout.cpus_per_worker + cfg.learner.num_ranks * cfg.learner.cpus_per_rank
+
+
 class EnginePool:
     """Idle rollout actors by :func:`engine_key`. Use as a context manager, or call :meth:`close`."""
 
@@ -50,6 +55,9 @@ class EnginePool:
         """(key, actor), in the order they were given back: the first has been idle longest."""
         self.owns_ray = False
         """A run using this pool started the Ray session: :meth:`close` shuts it down."""
+        self.session_cpus = 0.0
+        """The fewest logical CPUs a local Ray session started by a run of this pool advertises: a sweep sets
+        its largest run's :func:`actor_cpus`, or a later run that needs more than the first would not fit."""
         self.built = 0
         """Rollout actors started for runs using this pool."""
         self.reused = 0

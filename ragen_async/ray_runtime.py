@@ -38,7 +38,7 @@ import numpy as np
 import ray
 
 from ragen_async.config import RunConfig
-from ragen_async.engine_pool import EnginePool, engine_key
+from ragen_async.engine_pool import EnginePool, actor_cpus, engine_key
 from ragen_async.learner.actor import LearnerActor
 from ragen_async.learner.learner import TrainResult, merge_rank_metrics
 from ragen_async.protocol import AnyGroup, BatchShard, TrajectoryGroup
@@ -65,7 +65,7 @@ def check_cluster_fits(cfg: RunConfig, resources: dict[str, float]) -> None:
     """Raise if the Ray cluster (``ray.cluster_resources()``) can never hold the configured actors: Ray would
     wait for them forever (e.g. a SLURM job whose GPUs Ray does not see)."""
     r, lrn = cfg.rollout, cfg.learner
-    need = {"CPU": r.num_workers * r.cpus_per_worker + lrn.num_ranks * lrn.cpus_per_rank,
+    need = {"CPU": actor_cpus(cfg),
             "GPU": r.num_workers * r.gpus_per_worker + lrn.num_ranks * lrn.gpus_per_rank}
     for kind, needed in need.items():
         have = float(resources.get(kind, 0.0))
@@ -131,8 +131,7 @@ class RayRuntime(Runtime):
     def _init_ray(self) -> None:
         if ray.is_initialized():
             return
-        cfg = self.cfg
-        needed = cfg.rollout.num_workers * cfg.rollout.cpus_per_worker + cfg.learner.num_ranks * cfg.learner.cpus_per_rank
+        needed = max(actor_cpus(self.cfg), self.pool.session_cpus if self.pool is not None else 0.0)
         kwargs: dict[str, Any] = {"log_to_driver": self.log_dir is None}
         if self.log_dir is not None:
             kwargs["logging_level"] = logging.WARNING  # no "Started a local Ray instance" on the console

@@ -192,17 +192,23 @@ def test_a_sigterm_while_the_runtime_starts_stops_the_run_after_its_first_step(t
     assert RunDir(tmp_path / "run").latest_checkpoint().name == "step_000001"
 
 
-def test_starting_ray_keeps_the_runs_sigterm_handler(tiny_model_path, tmp_path, monkeypatch):
+def test_starting_ray_keeps_the_runs_sigterm_handler_and_sizes_the_session_for_the_pool(tiny_model_path, tmp_path,
+                                                                                       monkeypatch):
     """ray.init() installs a SIGTERM handler that exits the process at once (ray/_private/worker.py:
     ``sys.exit(signum)``); a Ray runtime started after the run's stop handler puts the run's back, so a
-    SIGTERM during the engines' start-up still means: stop after the current step, with a checkpoint."""
+    SIGTERM during the engines' start-up still means: stop after the current step, with a checkpoint. The
+    session it starts advertises the CPUs its pool asks for (a sweep's largest run), if more than its own."""
     import signal
 
     import ray
 
+    from ragen_async.engine_pool import EnginePool
     from ragen_async.ray_runtime import RayRuntime
 
-    def ray_init_as_ray_does(**_kwargs):
+    started = {}
+
+    def ray_init_as_ray_does(**kwargs):
+        started.update(kwargs)
         signal.signal(signal.SIGTERM, lambda signum, _frame: exit(signum))
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # (the start-up would set it in this process)
@@ -211,11 +217,14 @@ def test_starting_ray_keeps_the_runs_sigterm_handler(tiny_model_path, tmp_path, 
     runtime = RayRuntime.__new__(RayRuntime)  # only the Ray start-up, no actors
     runtime.cfg = bandit_cfg(tiny_model_path, tmp_path, "runtime=ray")
     runtime.log_dir = tmp_path
+    runtime.pool = EnginePool()
+    runtime.pool.session_cpus = 5.0  # a sweep's largest run (this one needs 2)
     stop = orchestrator.StopRequest()
     previous = stop.install()
     try:
         runtime._init_ray()
         assert signal.getsignal(signal.SIGTERM) is stop and runtime._started_ray
+        assert started["num_cpus"] == 5
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

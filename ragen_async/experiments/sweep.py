@@ -56,7 +56,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ragen_async.config import ConfigError, RunConfig, dump_config, load_config
-from ragen_async.engine_pool import EnginePool
+from ragen_async.engine_pool import EnginePool, actor_cpus
 from ragen_async.modeldir import model_problem
 from ragen_async.orchestrator import Interrupted
 
@@ -476,6 +476,8 @@ class Sweep:
 
     def _run_all(self, train_fn: TrainFn, console: Console, pool: EnginePool | None) -> Manifest:
         self._pool = pool
+        if pool is not None:  # a Ray session the first run starts must hold the largest run's actors too
+            pool.session_cpus = max([pool.session_cpus, *(actor_cpus(c) for c in self.configs() if c.runtime == "ray")])
         records = list(self.manifest.runs.values())
         done = sum(r.status == "done" for r in records)
         console.print(f"[bold]sweep {self.manifest.name}[/]: {len(records)} runs, {done} already done, "

@@ -226,6 +226,26 @@ def test_resume_skips_finished_runs_and_continues_the_partial_one(bandit_spec, f
     assert "run 2/4" in output(console) and "run 1/4" not in output(console)
 
 
+def test_the_ray_session_a_sweep_starts_holds_its_largest_run(bandit_spec, fake_model, tmp_path, fake_train,
+                                                              monkeypatch):
+    """The study's sweep started its Ray session in a run that needed 2 CPUs (one core each for engine and
+    learner) and its next run, needing 3 (k = 0: two for the engine), failed: "the config needs 3 CPUs ... but
+    the Ray cluster has 2". The pool every run gets now says how many CPUs a session it starts must advertise:
+    the largest run's, known before the first run starts (RayRuntime reads it)."""
+    from ragen_async import orchestrator
+
+    path = bandit_spec({"seed": [0], "staleness.max_staleness": [1, 0]},
+                       overrides={"runtime": "ray", "rollout.num_workers": 1, "learner.num_ranks": 1},
+                       where=[{"match": {"staleness.max_staleness": 0}, "set": {"rollout.cpus_per_worker": 2}}])
+    train = fake_train()
+    seen = []
+    monkeypatch.setattr(orchestrator, "train", lambda cfg=None, **kw: (seen.append(kw["pool"].session_cpus),
+                                                                       train(cfg, **kw))[1])
+    run_sweep(path, out=tmp_path / "sweep", overrides=[f"model.path={fake_model}"], console=quiet(), report=False)
+    assert [name for name, _ in train.calls] == ["s0-k1", "s0-k0"]
+    assert seen == [3.0, 3.0]  # already at the first run, which itself needs 2
+
+
 def test_resume_dry_run_shows_the_state(bandit_spec, fake_model, tmp_path, fake_train):
     run_small(bandit_spec, fake_model, tmp_path, fake_train(fail={"k1-s1"}))
     console = quiet()
