@@ -579,6 +579,9 @@ def report(
     smooth: Annotated[int, typer.Option(min=1, help="trailing mean over this many steps in the training curves")] = 1,
     baseline: Annotated[list[str] | None, typer.Option(
         help="NAME=SUCCESS, a reference line on the validation plots, e.g. random=0.211 (repeatable)")] = None,
+    collapse_floor: Annotated[float, typer.Option(
+        min=0.0, max=1.0, help="a fall is half the way from this success to the peak lost, e.g. the random "
+        "policy's success for a run from a warm start (default 0: half the peak)")] = 0.0,
 ) -> None:
     """Write report.md, summary.csv and staleness/stability plots for runs or sweeps."""
     from ragen_async.experiments.report import ReportError, write_report
@@ -594,7 +597,8 @@ def report(
             _fail(f"--baseline {item!r}: expected NAME=SUCCESS, e.g. random=0.211")
     target = out if out is not None else (paths[0] / "report" if len(paths) == 1 else Path("report"))
     try:
-        result = write_report(paths, target, threshold=threshold, smooth=smooth, baselines=baselines)
+        result = write_report(paths, target, threshold=threshold, smooth=smooth, baselines=baselines,
+                              collapse_floor=collapse_floor)
     except ReportError as e:
         _fail(str(e))
     for warning in result.warnings:

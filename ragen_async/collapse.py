@@ -1,9 +1,14 @@
 """Collapse of a run and its early warnings, as the staleness study defines them.
 
-**Collapse**: validation success that fell below a fraction (default one half) of its peak and stayed
-there for at least ``min_points`` validations (default 2). :func:`find_collapse` judges a finished series
-(the collapse must last to its end); :class:`CollapseWatch` applies the same rule online, validation by
-validation, to raise an alert while a run is going.
+**The line**: a ``fraction`` (default one half) of the way from a ``floor`` to the peak validation success
+so far: ``floor + fraction * (peak - floor)``. With ``floor`` 0 (the default) that is half the peak; with
+the task's random-policy success it is half the gain over random lost, which is what "fell" means for a
+run that starts from a warm start well above 0 (the Sokoban specimen: warm start 0.363, random 0.176).
+
+**A fall**: at least ``min_points`` validations in a row (default 2) below the line; its step is the first
+of them. :class:`CollapseWatch` applies the rule online, validation by validation, to raise an alert
+while a run is going. **A collapse** is a fall that lasted to the end of the run: :func:`find_collapse`
+judges a finished series and reports both (a run can fall and recover: that is a fall, not a collapse).
 
 **Early warnings** (RAGEN's Echo-Trap signals), :class:`EarlyWarning`, step by step, each on a trailing
 rolling mean of ``window`` steps:
@@ -29,37 +34,47 @@ import numpy as np
 @dataclass(frozen=True)
 class Collapse:
     collapsed: bool
+    """Fell and stayed below the line to the end of the run."""
     step: int | None
+    """The first validation of the final stretch below the line (collapsed runs)."""
     peak: float
     peak_step: int | None
+    fell: int | None = None
+    """The first validation of the first fall (``None``: it never fell), collapsed or recovered."""
 
 
-def find_collapse(steps: np.ndarray, success: np.ndarray, fraction: float = 0.5, min_points: int = 2) -> Collapse:
-    """Whether (and when) validation success collapsed for good: the final stretch below the line,
-    after the peak, of at least ``min_points`` validations. A run whose peak is 0 cannot collapse."""
+def find_collapse(steps: np.ndarray, success: np.ndarray, fraction: float = 0.5, min_points: int = 2,
+                  floor: float = 0.0) -> Collapse:
+    """Whether (and when) validation success fell (:class:`CollapseWatch`'s rule replayed) and whether it
+    collapsed for good: the final stretch below the line drawn from the overall peak, after the peak, of at
+    least ``min_points`` validations. A run whose peak is not above ``floor`` cannot fall."""
     if not success.size:
         return Collapse(False, None, math.nan, None)
+    watch, fell = CollapseWatch(fraction, min_points, floor), None
+    for i, value in enumerate(success):
+        if watch.update(float(value)) and fell is None:
+            fell = int(steps[i - min_points + 1])
     i_peak = int(np.argmax(success))
     peak = float(success[i_peak])
-    if peak <= 0:
+    if peak <= floor:
         return Collapse(False, None, peak, int(steps[i_peak]))
-    below = success < fraction * peak
+    below = success < floor + fraction * (peak - floor)
     # The final stretch of consecutive validations below the line.
     start = len(below)
     while start > 0 and below[start - 1]:
         start -= 1
     collapsed = start > i_peak and len(below) - start >= min_points
-    return Collapse(collapsed, int(steps[start]) if collapsed else None, peak, int(steps[i_peak]))
+    return Collapse(collapsed, int(steps[start]) if collapsed else None, peak, int(steps[i_peak]), fell)
 
 
 class CollapseWatch:
-    """The collapse definition, online: :meth:`update` with each validation returns True when the last
-    ``min_points`` validations all lie below ``fraction`` of the peak before them (once per fall; a
-    recovery above the line re-arms it). What fires here may still recover later; the report's
-    :func:`find_collapse` only calls a collapse one that lasted to the end."""
+    """A fall, online: :meth:`update` with each validation returns True when the last ``min_points``
+    validations all lie below the line drawn from the peak before them (once per fall; a recovery above the
+    line re-arms it). What fires here may still recover later; the report's :func:`find_collapse` calls a
+    collapse only a fall that lasted to the end."""
 
-    def __init__(self, fraction: float = 0.5, min_points: int = 2):
-        self.fraction, self.min_points = fraction, min_points
+    def __init__(self, fraction: float = 0.5, min_points: int = 2, floor: float = 0.0):
+        self.fraction, self.min_points, self.floor = fraction, min_points, floor
         self.peak = -math.inf
         self.below = 0
         self.fired = False
@@ -72,10 +87,15 @@ class CollapseWatch:
         self.peak = -math.inf if state["peak"] is None else float(state["peak"])
         self.below, self.fired = int(state["below"]), bool(state["fired"])
 
+    @property
+    def line(self) -> float:
+        """Validation success below which a validation counts towards a fall."""
+        return self.floor + self.fraction * (self.peak - self.floor)
+
     def update(self, value: float) -> bool:
         if not math.isfinite(value):
             return False
-        if self.peak > 0 and value < self.fraction * self.peak:
+        if self.peak > self.floor and value < self.line:
             self.below += 1
         else:
             self.below, self.fired = 0, False

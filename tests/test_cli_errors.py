@@ -28,6 +28,9 @@ def test_report_baseline_must_be_name_equals_success(tmp_path):
         result = CliRunner().invoke(app, ["report", str(tmp_path), "--baseline", bad, "--out", str(tmp_path / "r")])
         assert result.exit_code == 2 and "expected NAME=SUCCESS" in result.output, result.output
         assert not (tmp_path / "r").exists()
+    result = CliRunner().invoke(app, ["report", str(tmp_path), "--collapse-floor", "1.5", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "--collapse-floor" in result.output, result.output
+    assert not (tmp_path / "r").exists()
 
 
 def test_training_the_specimen_without_its_model_names_the_command_that_builds_it(tmp_path, monkeypatch):

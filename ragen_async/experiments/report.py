@@ -4,12 +4,13 @@
 directories, sweep directories, or folders holding either) and writes into ``out``:
 
 * ``report.md``: an overview table (one row per run); the cells (runs that differ only in their seed, pooled: mean ± 95 % interval of final and best
-  validation success, throughput, staleness, the share of runs that collapsed and the lead time of each
-  early-warning signal; definitions in :mod:`.study`); then a table per run: final and best
+  validation success, throughput, staleness, the share of runs that fell and that collapsed, the lead time
+  and false-alarm rate of each early-warning signal; definitions in :mod:`ragen_async.collapse` and
+  :mod:`.study`; finished runs only); then a table per run: final and best
   validation success per environment, the step validation first reached the threshold, staleness,
   the collapse indicators (largest gradient norm, smallest entropy, in-group reward std early vs
   late), the behaviour/learner k3 mismatch and the mean step time;
-* ``summary.csv``: the overview as numbers (collapse step and lead times included), for further analysis;
+* ``summary.csv``: the overview as numbers (fall and collapse steps, lead times, false alarms), for analysis;
 * ``curves_*.png``: validation success, rollout reward, in-group reward std, entropy, gradient norm
   and mean staleness against the learner step, one line per run, coloured by ``max_staleness`` (solid
   = bounded, dashed = fixed lag);
@@ -42,8 +43,14 @@ from ragen_async.experiments import study
 
 STEP = "learner/step"
 MISSING = "—"
-CELL_IGNORED = frozenset({"seed", "rollout.seed", "learner.seed", "name", "run_root", "model.path"})
-"""Config keys that do not define a study cell (which runs are seeds of each other)."""
+FINISHED = ("done", "complete", "time budget")
+"""Run statuses that mean its budget was spent (a sweep's ``done``; a lone run's ``complete`` or ``time budget``)."""
+CELL_IGNORED = frozenset({"seed", "rollout.seed", "learner.seed", "name", "run_root", "model.path", "model.sha256",
+                          "rollout.cpus_per_worker", "rollout.cpu_affinity", "learner.torch_threads",
+                          "learner.cpu_affinity"})
+"""Config keys that do not define a study cell (which runs are seeds of each other): the seed, the run's name
+and place, the weights' path and digest (a study pins one start; its first validation shows it), and where
+processes run (cores and threads change a step's time, not what it computes)."""
 CELL_IGNORED_PREFIXES = ("logging.",)
 
 
@@ -332,7 +339,9 @@ class RunSummary:
     """The actor's learning rate (NaN where the config does not say): the study's step-size arm."""
     collapse: Collapse = Collapse(False, None, math.nan, None)
     lead: dict[str, int | None] = field(default_factory=dict)
-    """Per early-warning signal, steps from its first firing to the collapse (``study.lead_times``)."""
+    """Per early-warning signal, steps from its first firing to the first fall (``study.lead_times``)."""
+    false_alarms: dict[str, float] = field(default_factory=dict)
+    """Per early-warning signal, firings no fall followed, per 100 steps (``study.false_alarms``)."""
     cell: dict[str, str] = field(default_factory=dict)
     """The run's settings other than its seed (flattened config): runs with equal cells are seeds of one cell."""
 
@@ -343,6 +352,12 @@ class RunSummary:
     @property
     def lag_label(self) -> str:
         return "fixed" if self.fixed_lag else "bounded"
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run spent its budget (steps or time): only finished runs are pooled into cells and
+        the summary figure, so a cell compares equal budgets, never a run still going."""
+        return self.status in FINISHED
 
 
 def _validation(steps: np.ndarray, values: np.ndarray, threshold: float) -> EnvValidation:
@@ -369,8 +384,9 @@ def _early_late(values: np.ndarray, fraction: float = 0.1) -> tuple[float, float
     return float(values[:n].mean()), float(values[-n:].mean())
 
 
-def summarize(run: RunData, threshold: float = 0.9) -> RunSummary:
-    collapse = find_collapse(*run.val_success())
+def summarize(run: RunData, threshold: float = 0.9, collapse_floor: float = 0.0) -> RunSummary:
+    collapse = find_collapse(*run.val_success(), floor=collapse_floor)
+    signals = {sig: run.series(key) for sig, key in SIGNAL_KEYS.items()}
     envs = {tag: _validation(*run.series(f"val/{tag}/success", validation=True), threshold)
             for tag in run.val_envs}
     if not envs and run.series("val/success", validation=True)[0].size:
@@ -397,7 +413,7 @@ def summarize(run: RunData, threshold: float = 0.9) -> RunSummary:
         tokens_per_s=_nanmean(run.series("throughput/tokens_per_s")[1]),
         groups_per_s=_nanmean(run.series("throughput/groups_per_s")[1]),
         collapse=collapse,
-        lead=study.lead_times({sig: run.series(key) for sig, key in SIGNAL_KEYS.items()}, collapse),
+        lead=study.lead_times(signals, collapse), false_alarms=study.false_alarms(signals, collapse),
         cell=run.cell,
     )
 
@@ -435,13 +451,19 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
 
 
 OVERVIEW = ("run", "k", "lag", "correction", "seed", "status", "steps", "first val", "final val", "best val",
-            "val ≥ {t} at", "staleness mean / max", "max grad norm", "min entropy",
+            "val ≥ {t} at", "fell at", "staleness mean / max", "max grad norm", "min entropy",
             "reward std first → last 10%", "k3 mismatch", "step s")
+
+
+def _fell(c: Collapse) -> str:
+    """The first fall's step, and whether the run stayed down (collapsed) or came back."""
+    return MISSING if c.fell is None else f"{c.fell} ({'collapsed' if c.collapsed else 'recovered'})"
 
 
 def _overview_row(s: RunSummary) -> list[str]:
     return [s.name, s.k_label, s.lag_label, s.off_policy, MISSING if s.seed is None else str(s.seed), s.status,
             _steps(s), _f(s.first_val), _f(s.final_val), _f(s.best_val), MISSING if s.reached_at is None else str(s.reached_at),
+            _fell(s.collapse),
             f"{_f(s.staleness_mean, '.2f')} / {_f(s.staleness_max, '.0f')}", _f(s.grad_norm_max, '.3g'),
             _f(s.entropy_min, '.3g'), _trend(s.reward_std_first, s.reward_std_last), _f(s.k3_mismatch, '.2e'),
             _f(s.step_time, '.2f')]
@@ -486,8 +508,10 @@ def _csv_rows(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
             "reward_std_first": s.reward_std_first, "reward_std_last": s.reward_std_last,
             "k3_mismatch": s.k3_mismatch, "step_time_s": s.step_time, "tokens_per_s": s.tokens_per_s,
             "groups_per_s": s.groups_per_s,
+            "fell": float(s.collapse.fell is not None), "fell_step": s.collapse.fell,
             "collapsed": float(s.collapse.collapsed), "collapse_step": s.collapse.step,
             **{f"lead_{sig}": s.lead.get(sig) for sig in SIGNALS},
+            **{f"false_alarms_{sig}": s.false_alarms.get(sig) for sig in SIGNALS},
         }
         for env, v in s.val.items():
             row[f"val_{env}_first"], row[f"val_{env}_final"], row[f"val_{env}_best"] = v.first, v.final, v.best
@@ -500,15 +524,18 @@ CELL_VALUES = (("final_val", "final val", ".3f"), ("best_val", "best val", ".3f"
                ("val_reached_at", "first step ≥ threshold (runs that reached it)", ".1f"),
                ("groups_per_s", "groups/s", ".2f"), ("tokens_per_s", "tokens/s", ".0f"),
                ("staleness_mean", "staleness mean", ".2f"),
-               ("collapsed", "collapsed (share)", ".2f"),
-               *((f"lead_{sig}", f"lead: {sig.replace('_', ' ')} (steps)", ".1f") for sig in SIGNALS))
+               ("fell", "fell (share)", ".2f"), ("collapsed", "collapsed (share)", ".2f"),
+               *((f"lead_{sig}", f"lead: {sig.replace('_', ' ')} (steps)", ".1f") for sig in SIGNALS),
+               *((f"false_alarms_{sig}", f"false alarms: {sig.replace('_', ' ')} (/100 steps)", ".2f")
+                 for sig in SIGNALS))
 
 
-def _cells_section(summaries: Sequence[RunSummary]) -> list[str]:
+def _cells_section(summaries: Sequence[RunSummary], collapse_floor: float = 0.0) -> list[str]:
     """Seeds pooled: one row per cell with the mean ± 95 % interval of each statistic."""
     import pandas as pd
 
-    known = [s for s in summaries if s.cell]
+    known = [s for s in summaries if s.cell and s.finished]
+    unfinished = sum(1 for s in summaries if s.cell and not s.finished)
     if not known:
         return []
     cells = pd.DataFrame([s.cell for s in known]).fillna(MISSING)
@@ -520,11 +547,15 @@ def _cells_section(summaries: Sequence[RunSummary]) -> list[str]:
     lines = ["## Cells (seeds pooled)", "",
              "Runs whose settings differ only in their seed form a cell; mean ± 95 % interval "
              "(t distribution) over the cell's runs, no interval with one run. Threshold: the first validation with "
-             "success at or above the report's threshold (`--threshold`). Collapsed: validation success "
-             "fell below half its peak and stayed there (at least two validations). Lead: steps from a signal's "
-             "first firing to the collapse, over collapsed runs where it fired (in-group reward std below half "
-             "its running peak; entropy below half its start; a gradient norm above 3× the median of the "
-             "previous 5 steps; `ragen_async/experiments/study.py`).", ""]
+             "success at or above the report's threshold (`--threshold`). Fell: at least two validations in a "
+             f"row below the line half-way from {collapse_floor:g} (`--collapse-floor`) to the peak so far; "
+             "collapsed: fell and stayed below to the end. Lead: steps from a signal's first firing within "
+             f"{study.HORIZON} steps before the first fall to the fall, over runs that fell and where it fired "
+             "(in-group reward std below half its running peak; entropy below half its start; a gradient norm "
+             "above 3× the median of the previous 5 steps). False alarms: firings that no fall followed within "
+             f"{study.HORIZON} steps, per 100 steps watched (`ragen_async/experiments/study.py`)."
+             + (f" Only finished runs are pooled; {unfinished} unfinished left out (overview only)." if unfinished
+                else ""), ""]
     header = [*(varying or ["cell"]), "runs", *(label for _, label, _ in CELL_VALUES)]
     rows = []
     for _, r in table.iterrows():
@@ -675,13 +706,14 @@ def plot_cells(runs: Sequence[RunData], summaries: Sequence[RunSummary], out: Pa
                baselines: dict[str, float] | None = None) -> Path | None:
     """Validation success of each cell (runs differing only in their seed) against the learner step and
     against training wall-clock: the mean over seeds, and a band of its 95 % interval where a cell has
-    two or more seeds (each seed interpolated onto a common grid within the range all seeds cover)."""
+    two or more seeds (each seed interpolated onto a common grid within the range all seeds cover);
+    finished runs only."""
     from matplotlib.figure import Figure
 
     cells: dict[str, list[RunData]] = {}
     labels: dict[str, dict[str, str]] = {}
     for run, s in zip(runs, summaries, strict=True):
-        if s.cell and run.val_success()[0].size >= 2:
+        if s.cell and s.finished and run.val_success()[0].size >= 2:
             key = "|".join(f"{k}={v}" for k, v in s.cell.items())
             cells.setdefault(key, []).append(run)
             labels[key] = s.cell
@@ -725,11 +757,12 @@ def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path |
     """Final validation success and largest gradient norm against k: every run as a point, and per
     (correction, lag, step size) the mean over seeds at each k with its 95 % interval, clipped to the
     quantity's range (a success stays in [0, 1], a norm above 0). A marker shape per correction, filled
-    for bounded and hollow for fixed lag; the step size is named in the legend where it varies."""
+    for bounded and hollow for fixed lag; the step size is named in the legend where it varies. Finished
+    runs only."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
-    known = [s for s in summaries if s.k_known]
+    known = [s for s in summaries if s.k_known and s.finished]
     if not known or not any(math.isfinite(s.final_val) or math.isfinite(s.grad_norm_max) for s in known):
         return None
     finite = sorted({s.k for s in known if s.k is not None})
@@ -788,10 +821,12 @@ class Report:
 
 
 def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: float = 0.9,
-                 smooth: int = 1, title: str | None = None, baselines: dict[str, float] | None = None) -> Report:
+                 smooth: int = 1, title: str | None = None, baselines: dict[str, float] | None = None,
+                 collapse_floor: float = 0.0) -> Report:
     """Read every run under ``paths`` and write ``report.md``, ``summary.csv`` and the plots into ``out``;
     ``baselines`` (name -> validation success, e.g. the random and oracle policies) are drawn as lines
-    on every validation-success plot."""
+    on every validation-success plot; ``collapse_floor`` is the success a fall is measured towards
+    (:mod:`ragen_async.collapse`; the random policy's, for a run that starts well above 0)."""
     runs, warnings = find_runs(paths)
     if not runs:
         raise ReportError("no runs found under " + ", ".join(map(str, paths)) +
@@ -799,7 +834,7 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
     warnings += [f"{r.name}: {w}" for r in runs for w in r.warnings]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    summaries = [summarize(r, threshold) for r in runs]
+    summaries = [summarize(r, threshold, collapse_floor) for r in runs]
     with_data = [r for r in runs if r.train or r.val]
     plots = plot_curves(with_data, out, smooth=smooth, baselines=baselines) if with_data else []
     stability = plot_staleness_summary([s for s, r in zip(summaries, runs, strict=True) if r.train or r.val], out)
@@ -816,7 +851,7 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
              f"{MISSING} = not logged.", "", "## Overview", ""]
     header = [h.format(t=f"{threshold:g}") for h in OVERVIEW]
     lines += [*_table(header, (_overview_row(s) for s in summaries)), ""]
-    lines += _cells_section(summaries)
+    lines += _cells_section(summaries, collapse_floor)
     if plots:
         lines += ["## Curves", ""]
         lines += [f"![{p.stem}]({p.name})" for p in plots if p.name.startswith("curves_")]

@@ -3,8 +3,12 @@
 Collapse and the early-warning signals are defined once, in :mod:`ragen_async.collapse` (the run's
 online alert and the adaptive staleness bound use the same rules). Here:
 
-* A signal's **lead time** is the collapse step minus the first step the signal fired at or before it
-  (``None``: it never fired before the collapse, or there was no collapse).
+* A signal's **lead time** is the fall step (``Collapse.fell``: the first validation of the first fall,
+  whether or not the run recovered) minus the first step the signal fired within the ``horizon`` steps up
+  to it (``None``: it did not fire there, or the run never fell). The horizon (default 25, the specimen
+  study's validation interval) keeps a spike long before the fall from counting as its warning.
+* A **false alarm** is a firing that no fall follows within ``horizon`` steps (every firing of a run that
+  never fell); :func:`false_alarms` counts them, the report gives them per 100 learner steps.
 * **Cells.** Runs that differ only in their seed form a cell; a cell reports the mean and the 95 %
   interval half-width ``t(0.975, n - 1) * sd / sqrt(n)`` of each statistic over its seeds (no interval
   with one seed).
@@ -21,7 +25,7 @@ from scipy import stats
 
 from ragen_async.collapse import SIGNAL_KEYS, SIGNALS, Collapse, EarlyWarning
 
-__all__ = ["signal_steps", "lead_times", "interval", "error_bar", "t95", "cell_table", "format_mean_ci"]
+__all__ = ["signal_steps", "lead_times", "false_alarms", "interval", "error_bar", "t95", "cell_table", "format_mean_ci"]
 
 
 def signal_steps(steps: np.ndarray, values: np.ndarray, signal: str, window: int = 5) -> np.ndarray:
@@ -34,15 +38,39 @@ def signal_steps(steps: np.ndarray, values: np.ndarray, signal: str, window: int
                       dtype=int)
 
 
-def lead_times(train_steps: dict[str, tuple[np.ndarray, np.ndarray]], collapse: Collapse, window: int = 5
-               ) -> dict[str, int | None]:
-    """Per signal: collapse step minus the first step it fired at or before the collapse."""
+HORIZON = 25
+"""Steps before a fall within which a signal's firing counts as its warning."""
+
+
+def _fired(train_steps: dict[str, tuple[np.ndarray, np.ndarray]], signal: str, window: int) -> np.ndarray:
+    steps, values = train_steps.get(signal, (np.zeros(0), np.zeros(0)))
+    return signal_steps(steps, values, signal, window)
+
+
+def lead_times(train_steps: dict[str, tuple[np.ndarray, np.ndarray]], collapse: Collapse, window: int = 5,
+               horizon: int = HORIZON) -> dict[str, int | None]:
+    """Per signal: the fall step minus the first step it fired within ``horizon`` steps up to the fall."""
     out: dict[str, int | None] = {}
     for signal in SIGNALS:
-        steps, values = train_steps.get(signal, (np.zeros(0), np.zeros(0)))
-        fired = signal_steps(steps, values, signal, window)
-        before = fired[fired <= collapse.step] if collapse.collapsed and collapse.step is not None else fired[:0]
-        out[signal] = int(collapse.step - before[0]) if before.size else None
+        fired = _fired(train_steps, signal, window)
+        fell = collapse.fell
+        ahead = fired[(fired <= fell) & (fired >= fell - horizon)] if fell is not None else fired[:0]
+        out[signal] = int(fell - ahead[0]) if ahead.size else None
+    return out
+
+
+def false_alarms(train_steps: dict[str, tuple[np.ndarray, np.ndarray]], collapse: Collapse, window: int = 5,
+                 horizon: int = HORIZON) -> dict[str, float]:
+    """Per signal: its firings that no fall followed within ``horizon`` steps, per 100 of the steps it
+    watched (all of a run that never fell; before ``fell - horizon`` in one that fell: a run's first fall
+    ends the count). NaN where it watched no step."""
+    out: dict[str, float] = {}
+    for signal in SIGNALS:
+        steps = train_steps.get(signal, (np.zeros(0), np.zeros(0)))[0]
+        fired = _fired(train_steps, signal, window)
+        if collapse.fell is not None:
+            steps, fired = steps[steps < collapse.fell - horizon], fired[fired < collapse.fell - horizon]
+        out[signal] = 100.0 * fired.size / steps.size if steps.size else math.nan
     return out
 
 

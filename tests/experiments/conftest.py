@@ -34,12 +34,15 @@ def training_record(step: int, total: int, k: int, **extra: Any) -> dict[str, An
 def write_run(path: Path, *, steps: int = 20, k: int | None = 0, fixed_lag: bool = False,
               off_policy: str = "none", seed: int = 0, val_every: int = 5, envs: tuple[str, ...] = ("Bandit",),
               val_curve=lambda step, total: min(1.0, 0.3 + step / max(total, 1)),
-              partial_last_line: bool = False, extra: dict[int, dict[str, Any]] | None = None) -> Path:
-    """A run directory as the orchestrator leaves it (config.yaml, metrics.jsonl, checkpoints/)."""
+              partial_last_line: bool = False, extra: dict[int, dict[str, Any]] | None = None,
+              config: dict[str, Any] | None = None, logged_steps: int | None = None) -> Path:
+    """A run directory as the orchestrator leaves it (config.yaml, metrics.jsonl, checkpoints/); ``config``
+    adds top-level config sections, ``logged_steps`` stops the log early (a run still going)."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "checkpoints").mkdir(exist_ok=True)
     config = {"name": path.name, "seed": seed, "total_steps": steps,
-              "staleness": {"max_staleness": k, "fixed_lag": fixed_lag}, "algo": {"off_policy": off_policy}}
+              "staleness": {"max_staleness": k, "fixed_lag": fixed_lag}, "algo": {"off_policy": off_policy},
+              **(config or {})}
     (path / "config.yaml").write_text(yaml.safe_dump(config))
     lines = []
 
@@ -50,7 +53,7 @@ def write_run(path: Path, *, steps: int = 20, k: int | None = 0, fixed_lag: bool
 
     if val_every:
         val(0)
-    for step in range(1, steps + 1):
+    for step in range(1, (steps if logged_steps is None else logged_steps) + 1):
         lines.append(training_record(step, steps, k or 0, **(extra or {}).get(step, {})))
         if val_every and (step % val_every == 0 or step == steps):
             val(step)

@@ -16,13 +16,29 @@ from ragen_async.experiments.report import write_report
 def test_collapse_is_a_fall_below_half_the_peak_for_good():
     steps = np.arange(0, 60, 10)
     collapsed = find_collapse(steps, np.array([0.2, 0.6, 0.8, 0.3, 0.2, 0.1]))
-    assert collapsed == Collapse(True, 30, 0.8, 20)
-    # One low last point is not a collapse; a recovery above half the peak is not one either.
-    assert not find_collapse(steps, np.array([0.2, 0.6, 0.8, 0.7, 0.6, 0.3])).collapsed
-    assert not find_collapse(steps, np.array([0.2, 0.8, 0.3, 0.2, 0.5, 0.1])).collapsed
+    assert collapsed == Collapse(True, 30, 0.8, 20, fell=30)
+    # One low last point is not a fall; a recovery above half the peak is a fall but not a collapse.
+    assert find_collapse(steps, np.array([0.2, 0.6, 0.8, 0.7, 0.6, 0.3])) == Collapse(False, None, 0.8, 20)
+    recovered = find_collapse(steps, np.array([0.2, 0.8, 0.3, 0.2, 0.5, 0.1]))
+    assert recovered == Collapse(False, None, 0.8, 10, fell=20)
     # A run that never learned (peak 0) or never fell cannot collapse.
     assert not find_collapse(steps, np.zeros(6)).collapsed
     assert not find_collapse(steps, np.linspace(0.1, 1.0, 6)).collapsed
+
+
+def test_a_floor_moves_the_line_to_half_the_gain_over_it():
+    """The specimen study's s0-k8: from a warm start at 0.363 down to 0.195-0.230, near the random
+    policy's 0.176, and back. Half the peak (0.18) does not see it; half the gain over random does."""
+    steps = np.arange(0, 225, 25)
+    k8 = np.array([0.363, 0.363, 0.324, 0.195, 0.199, 0.230, 0.406, 0.402, 0.414])
+    assert find_collapse(steps, k8).fell is None
+    fall = find_collapse(steps, k8, floor=0.176)  # line: 0.176 + 0.5 * (0.363 - 0.176) = 0.2695
+    assert fall == Collapse(False, None, 0.414, 200, fell=75)
+    # Stayed down: collapsed, at the start of the final stretch below the line from the overall peak.
+    down = find_collapse(steps, np.r_[k8[:6], 0.25, 0.2, 0.21], floor=0.176)
+    assert down.collapsed and down.step == 75 and down.fell == 75
+    # A peak not above the floor cannot fall.
+    assert find_collapse(steps, np.full(9, 0.15), floor=0.176) == Collapse(False, None, 0.15, 0)
 
 
 def test_signals_fire_where_the_definitions_say():
@@ -46,9 +62,27 @@ def test_lead_time_counts_steps_from_the_first_warning_to_the_collapse():
     series = {"reward_std": (steps, np.r_[np.ones(10), np.full(20, 0.1)]),
               "entropy": (steps, np.ones(30)),
               "grad_norm": (steps, np.where(steps == 25, 10.0, 1.0))}
-    lead = study.lead_times(series, Collapse(True, 20, 0.9, 5))
-    assert lead == {"reward_std": 7, "entropy": None, "grad_norm": None}  # the spike came after the collapse
+    lead = study.lead_times(series, Collapse(True, 20, 0.9, 5, fell=20))
+    assert lead == {"reward_std": 7, "entropy": None, "grad_norm": None}  # the spike came after the fall
+    # A run that fell and recovered counts from its fall; a run that never fell has no lead.
+    assert study.lead_times(series, Collapse(False, None, 0.9, 5, fell=20)) == lead
     assert study.lead_times(series, Collapse(False, None, 0.9, 5)) == dict.fromkeys(SIGNALS)
+    # Only firings within the horizon before the fall count: reward std first fired at 13, 17 steps ahead.
+    assert study.lead_times(series, Collapse(False, None, 0.9, 5, fell=20), horizon=5)["reward_std"] == 5
+
+
+def test_false_alarms_are_firings_no_fall_followed():
+    steps = np.arange(1, 101)
+    grad = np.ones(100)
+    grad[[19, 59, 89]] = 10.0  # spikes at steps 20, 60 and 90
+    series = {"grad_norm": (steps, grad)}
+    # Never fell: all three spikes are false alarms, over 100 steps watched.
+    assert study.false_alarms(series, Collapse(False, None, 0.5, 0))["grad_norm"] == pytest.approx(3.0)
+    # Fell at 75: the spike at 60 warned of it (within 25 steps); 20 did not; steps from 50 on are not watched.
+    fell = Collapse(False, None, 0.5, 0, fell=75)
+    assert study.false_alarms(series, fell)["grad_norm"] == pytest.approx(100 * 1 / 49)
+    assert study.lead_times(series, fell)["grad_norm"] == 15
+    assert math.isnan(study.false_alarms(series, Collapse(False, None, 0.5, 0, fell=10))["grad_norm"])
 
 
 def test_interval_is_the_t_interval():
@@ -95,6 +129,32 @@ def test_the_report_pools_seeds_into_cells_with_intervals(tmp_path, make_run):
     summary = (tmp_path / "out" / "summary.csv").read_text().splitlines()
     assert "collapse_step" in summary[0]
     assert any(line.startswith("k4-s0,") and ",15," in line for line in summary[1:])
+
+
+def test_cells_pool_finished_runs_across_placements_and_count_falls(tmp_path, make_run):
+    """Where processes ran (cores, threads) and the weights' digest do not split a cell; a run still going
+    is left out of it; a fall towards the floor and back counts as a fall, not a collapse."""
+    root = tmp_path / "runs"
+    shared = {"rollout": {"cpus_per_worker": 2.0}, "learner": {"torch_threads": 2}}
+    split = {"rollout": {"cpus_per_worker": 1.0, "cpu_affinity": [0]},
+             "learner": {"torch_threads": 1, "cpu_affinity": [1]}, "model": {"sha256": "ab" * 32}}
+    dip = {0: 0.36, 5: 0.2, 10: 0.19, 15: 0.4, 20: 0.42}
+    make_run(root / "s0", k=8, seed=0, config=shared, val_curve=lambda step, total: dip[step])
+    make_run(root / "s1", k=8, seed=1, config=split, val_curve=lambda step, total: 0.36 + step / 100)
+    make_run(root / "s2", k=8, seed=2, config=split, logged_steps=7)  # still going
+    result = write_report([root], tmp_path / "out", collapse_floor=0.17)
+    md = result.markdown.read_text()
+    cells = md.split("## Cells (seeds pooled)")[1].split("## ")[0]
+    assert "1 unfinished left out" in cells
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in cells.splitlines()
+            if line.startswith("| ") and "---" not in line]
+    assert len(rows) == 2  # header and one cell
+    row = dict(zip(rows[0], rows[1], strict=True))
+    assert row["runs"] == "2" and row["fell (share)"].startswith("0.50 ±") and row["collapsed (share)"] == "0.00 ± 0.00"
+    overview = {line.split("|")[1].strip(): line for line in md.split("## Cells")[0].splitlines() if line.startswith("| s")}
+    assert "| 5 (recovered) |" in overview["s0"] and "partial" in overview["s2"]
+    # Without the floor the same dip is not a fall: half the peak (0.21) is below it.
+    assert "(recovered)" not in write_report([root], tmp_path / "out0").markdown.read_text()
 
 
 def test_validation_is_placed_at_the_training_time_its_step_ended(tmp_path, make_run):
