@@ -539,6 +539,8 @@ def _cells_section(summaries: Sequence[RunSummary], collapse_floor: float = 0.0)
     if not known:
         return []
     cells = pd.DataFrame([s.cell for s in known]).fillna(MISSING)
+    if "staleness.max_staleness" in cells:
+        cells["staleness.max_staleness"] = cells["staleness.max_staleness"].replace("None", "∞")
     varying = [c for c in cells.columns if cells[c].nunique() > 1]
     frame = pd.concat([cells[varying].reset_index(drop=True),
                        pd.DataFrame(_csv_rows(known))[[c for c, _, _ in CELL_VALUES]].astype(float)], axis=1)
@@ -572,8 +574,12 @@ CURVES = (
     ("in_group_reward_std", "in-group reward std", "rollout/in_group_reward_std"),
     ("entropy", "policy entropy", "actor/entropy"),
     ("grad_norm", "gradient norm", "actor/grad_norm"),
+    ("valid_action_rate", "rollout valid-action rate", "rollout/valid_action_rate"),
+    ("k3_mismatch", "behaviour/learner KL (k3)", "mismatch/k3_kl"),
     ("staleness_mean", "staleness, mean (versions)", "staleness/mean"),
 )
+LOG_CURVES = frozenset({"grad_norm", "k3_mismatch"})
+"""Curves drawn on a log scale when positive and spanning more than a factor of 50."""
 MARKERS = {"none": "o", "tis": "s", "decoupled": "^"}
 MAX_RUN_LEGEND = 12
 
@@ -672,7 +678,7 @@ def plot_curves(runs: Sequence[RunData], out: Path, smooth: int = 1,
             continue
         if key is None:
             _draw_baselines(ax, baselines)
-        if slug == "grad_norm" and positive:
+        if slug in LOG_CURVES and positive:
             lo, hi = ax.get_ylim()
             if hi / max(lo, 1e-12) > 50:
                 ax.set_yscale("log")

@@ -26,6 +26,7 @@ def training_record(step: int, total: int, k: int, **extra: Any) -> dict[str, An
         "rollout/success": 0.2 + 0.7 * x, "rollout/reward_mean": -0.5 + 1.4 * x,
         "rollout/in_group_reward_std": 0.5 - 0.4 * x, "actor/entropy": 1.0 - 0.5 * x,
         "actor/grad_norm": 0.5 + (2.0 if step == total // 2 else 0.1 * x),
+        "rollout/valid_action_rate": 0.9 + 0.1 * x,
         "staleness/mean": k * 0.5, "staleness/max": float(k), "mismatch/k3_kl": 1e-4 * (1 + k),
         "timing/step_s": 2.0 + k * 0.1, **extra,
     }

@@ -73,6 +73,7 @@ def test_plots_are_written_and_not_empty(sweep_like, tmp_path):
     names = sorted(p.name for p in result.plots)
     assert names == sorted(["curves_val_success.png", "curves_rollout_reward.png", "curves_in_group_reward_std.png",
                             "curves_entropy.png", "curves_grad_norm.png", "curves_staleness_mean.png",
+                            "curves_valid_action_rate.png", "curves_k3_mismatch.png",
                             "staleness_stability.png", "cells_val_success.png"])
     for path in result.plots:
         data = path.read_bytes()

@@ -142,14 +142,16 @@ def test_cells_pool_finished_runs_across_placements_and_count_falls(tmp_path, ma
     make_run(root / "s0", k=8, seed=0, config=shared, val_curve=lambda step, total: dip[step])
     make_run(root / "s1", k=8, seed=1, config=split, val_curve=lambda step, total: 0.36 + step / 100)
     make_run(root / "s2", k=8, seed=2, config=split, logged_steps=7)  # still going
+    make_run(root / "inf", k=None, seed=0, config=split)
     result = write_report([root], tmp_path / "out", collapse_floor=0.17)
     md = result.markdown.read_text()
     cells = md.split("## Cells (seeds pooled)")[1].split("## ")[0]
     assert "1 unfinished left out" in cells
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in cells.splitlines()
             if line.startswith("| ") and "---" not in line]
-    assert len(rows) == 2  # header and one cell
-    row = dict(zip(rows[0], rows[1], strict=True))
+    assert len(rows) == 3  # header, k = 8 (three runs, two of them finished) and unbounded
+    row, unbounded = (dict(zip(rows[0], r, strict=True)) for r in rows[1:])
+    assert row["staleness.max_staleness"] == "8" and unbounded["staleness.max_staleness"] == "∞"
     assert row["runs"] == "2" and row["fell (share)"].startswith("0.50 ±") and row["collapsed (share)"] == "0.00 ± 0.00"
     overview = {line.split("|")[1].strip(): line for line in md.split("## Cells")[0].splitlines() if line.startswith("| s")}
     assert "| 5 (recovered) |" in overview["s0"] and "partial" in overview["s2"]
