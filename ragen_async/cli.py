@@ -308,7 +308,7 @@ app.add_typer(bench_app, name="bench")
 def bench_pipeline_cmd(
     config: Annotated[Path, typer.Argument(help="base config")] = Path("configs/tiny/starpo_s_bandit.yaml"),
     overrides: OverridesArg = None,
-    k: Annotated[list[int] | None, typer.Option("--k", help="staleness bounds (repeatable)")] = None,
+    k: Annotated[list[str] | None, typer.Option("--k", help="staleness bounds, inf = unbounded (repeatable)")] = None,
     steps: Annotated[int, typer.Option(help="learner steps per run")] = 8,
     warmup: Annotated[int, typer.Option(help="steps excluded from the rates")] = 2,
     mode: Annotated[list[str] | None, typer.Option(help="pinned and/or unpinned")] = None,
@@ -316,11 +316,14 @@ def bench_pipeline_cmd(
 ) -> None:
     """Throughput vs staleness k under runtime: ray, pinned (disjoint CPU sets) and unpinned."""
     _setup_logging()
-    from ragen_async.experiments.bench import bench_pipeline
+    from ragen_async.experiments.bench import bench_pipeline, parse_k
 
-    ks = k or [0, 1, 2, 4]
+    try:
+        ks = [parse_k(x) for x in k] if k else [0, 1, 2, 4]
+    except ValueError as e:
+        _fail(str(e))
     modes = mode or ["pinned", "unpinned"]
-    cmd = "ragen-async bench pipeline " + " ".join([str(config), *(overrides or [])] + [f"--k {x}" for x in ks])
+    cmd = "ragen-async bench pipeline " + " ".join([str(config), *(overrides or [])] + [f"--k {'inf' if x is None else x}" for x in ks])
     rows, table = bench_pipeline(config, overrides or [], ks, steps, warmup, modes)
     _print_bench("Pipeline benchmark", f"{cmd} --steps {steps} --warmup {warmup}",
                  "pinned = rollout actors+engines and learner ranks on disjoint CPU sets; unpinned = shared.", table, out)

@@ -29,7 +29,8 @@ from ragen_async.config import RunConfig, load_config
 @dataclass
 class BenchRow:
     mode: str
-    k: int
+    k: int | None
+    """The staleness bound; ``None`` = unbounded."""
     groups_per_s: float
     learner_tokens_per_s: float
     rollout_idle: float
@@ -64,10 +65,28 @@ def split_cpus(cpus: list[int]) -> tuple[list[int], list[int]]:
     return cpus[:half], cpus[half:]
 
 
-def bench_config(base: RunConfig, k: int, pinned: bool, steps: int, cpus: list[int]) -> RunConfig:
+def parse_k(text: str) -> int | None:
+    """A staleness bound as the command line gives it: an integer >= 0, or ``inf`` for unbounded."""
+    if text.strip().lower() in ("inf", "none", "null"):
+        return None
+    try:
+        k = int(text)
+    except ValueError:
+        k = -1
+    if k < 0:
+        raise ValueError(f"--k {text!r}: expected an integer >= 0 or inf (unbounded)")
+    return k
+
+
+def k_label(k: int | None) -> str:
+    return "∞" if k is None else str(k)
+
+
+def bench_config(base: RunConfig, k: int | None, pinned: bool, steps: int, cpus: list[int]) -> RunConfig:
     rollout_cpus, learner_cpus = split_cpus(cpus)
     data = base.model_dump()
-    data.update(runtime="ray", total_steps=steps, name=f"bench-k{k}-{'pinned' if pinned else 'unpinned'}")
+    data.update(runtime="ray", total_steps=steps,
+                name=f"bench-k{'inf' if k is None else k}-{'pinned' if pinned else 'unpinned'}")
     data["validation"]["every"] = 0
     data["staleness"] = {"max_staleness": k, "fixed_lag": False}
     data["logging"]["console"] = False
@@ -92,7 +111,7 @@ def run_one(cfg: RunConfig, warmup_steps: int) -> BenchRow:
     tokens = sum(r.get("learner/num_tokens", 0.0) for r in measured)
     return BenchRow(
         mode="pinned" if cfg.rollout.cpu_affinity else "unpinned",
-        k=cfg.staleness.max_staleness or 0,
+        k=cfg.staleness.max_staleness,
         groups_per_s=groups / max(elapsed, 1e-9),
         learner_tokens_per_s=tokens / max(elapsed, 1e-9),
         rollout_idle=_mean(measured, "rollout/idle_frac"),
@@ -119,7 +138,7 @@ def format_table(rows: list[BenchRow]) -> str:
         for r in mode_rows:
             ratio = r.groups_per_s / base.groups_per_s if base else float("nan")
             bound = f"{overlap_bound(base):.2f}" if base is not None and r.k == 0 else ""
-            lines.append(f"| {mode} | {r.k} | {r.groups_per_s:.3f} | {r.learner_tokens_per_s:.0f} | "
+            lines.append(f"| {mode} | {k_label(r.k)} | {r.groups_per_s:.3f} | {r.learner_tokens_per_s:.0f} | "
                          f"{r.rollout_idle:.2f} | {r.learner_idle:.2f} | {r.staleness_mean:.2f} | {ratio:.2f} | {bound} |")
     return "\n".join(lines)
 
@@ -129,7 +148,7 @@ def machine_description() -> str:
     return f"{platform.machine()} {platform.processor() or ''} {len(cpus)} CPUs ({platform.platform()})".strip()
 
 
-def bench_pipeline(config: Path, overrides: list[str], ks: list[int], steps: int, warmup_steps: int,
+def bench_pipeline(config: Path, overrides: list[str], ks: list[int | None], steps: int, warmup_steps: int,
                    modes: list[str]) -> tuple[list[BenchRow], str]:
     base = load_config(config, overrides)
     cpus = sorted(os.sched_getaffinity(0))

@@ -1,0 +1,34 @@
+"""``bench pipeline``'s configs and table for bounded and unbounded k (the runs themselves: docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from ragen_async.cli import app
+from ragen_async.config import load_config
+from ragen_async.experiments.bench import BenchRow, bench_config, format_table, parse_k
+
+
+def test_k_is_an_integer_or_inf():
+    assert [parse_k(x) for x in ("0", "8", "inf", "None")] == [0, 8, None, None]
+    for bad in ("-1", "eight", "1.5"):
+        with pytest.raises(ValueError, match="integer >= 0 or inf"):
+            parse_k(bad)
+    result = CliRunner().invoke(app, ["bench", "pipeline", "--k", "-2"])
+    assert result.exit_code == 2 and "--k '-2'" in result.output, result.output
+
+
+def test_an_unbounded_run_is_benched_and_labelled_unbounded():
+    base = load_config("configs/tiny/study_specimen.yaml")
+    cfg = bench_config(base, None, pinned=True, steps=8, cpus=[0, 1])
+    assert cfg.staleness.max_staleness is None and cfg.name == "bench-kinf-pinned"
+    assert cfg.rollout.cpu_affinity == [0] and cfg.learner.cpu_affinity == [1] and cfg.validation.every == 0
+    assert bench_config(base, 0, pinned=False, steps=8, cpus=[0, 1]).staleness.max_staleness == 0
+
+    def row(k, groups_per_s):
+        return BenchRow("pinned", k, groups_per_s, 1000.0, 0.1, 0.2, 0.0 if k == 0 else 3.0, 1.0, 1.0, 6, 60.0)
+
+    lines = format_table([row(0, 1.0), row(None, 2.5)]).splitlines()
+    assert lines[2].startswith("| pinned | 0 | 1.000 |") and lines[2].endswith("| 1.00 | 2.00 |")
+    assert lines[3].startswith("| pinned | ∞ | 2.500 |") and "| 2.50 |" in lines[3]
