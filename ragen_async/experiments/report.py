@@ -11,8 +11,8 @@ directories, sweep directories, or folders holding either) and writes into ``out
   the collapse indicators (largest gradient norm, smallest entropy, in-group reward std early vs
   late), the behaviour/learner k3 mismatch and the mean step time;
 * ``summary.csv``: the overview as numbers (fall and collapse steps, lead times, false alarms), for analysis;
-* ``curves_*.png``: validation success, rollout reward, in-group reward std, entropy, gradient norm
-  and mean staleness against the learner step, one line per run, coloured by ``max_staleness`` (solid
+* ``curves_*.png``: validation success, rollout reward, in-group reward std, entropy, gradient norm,
+  valid-action rate, behaviour/learner KL and mean staleness against the learner step, one line per run, coloured by ``max_staleness`` (solid
   = bounded, dashed = fixed lag);
 * ``staleness_stability.png``: final validation success and largest gradient norm against k, one
   marker shape per off-policy correction, each (k, correction, lag) as its mean over seeds with a 95 %
