@@ -323,7 +323,9 @@ def bench_pipeline_cmd(
     except ValueError as e:
         _fail(str(e))
     modes = mode or ["pinned", "unpinned"]
-    cmd = "ragen-async bench pipeline " + " ".join([str(config), *(overrides or [])] + [f"--k {'inf' if x is None else x}" for x in ks])
+    cmd = "ragen-async bench pipeline " + " ".join([str(config), *(overrides or [])]
+                                                   + [f"--k {'inf' if x is None else x}" for x in ks]
+                                                   + [f"--mode {m}" for m in modes])
     rows, table = bench_pipeline(config, overrides or [], ks, steps, warmup, modes)
     _print_bench("Pipeline benchmark", f"{cmd} --steps {steps} --warmup {warmup}",
                  "pinned = rollout actors+engines and learner ranks on disjoint CPU sets; unpinned = shared.", table, out)
