@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -587,8 +588,12 @@ def report(
     collapse_floor: Annotated[float, typer.Option(
         min=0.0, max=1.0, help="a fall is half the way from this success to the peak lost, e.g. the random "
         "policy's success for a run from a warm start (default 0: half the peak)")] = 0.0,
+    throughput: Annotated[list[str] | None, typer.Option(
+        help="K=GROUPS_PER_S from `bench pipeline` (K an integer or inf), repeatable: adds the equal-time "
+        "table (minutes per budget, success at equal wall-clock)")] = None,
 ) -> None:
     """Write report.md, summary.csv and staleness/stability plots for runs or sweeps."""
+    from ragen_async.experiments.bench import parse_k
     from ragen_async.experiments.report import ReportError, write_report
 
     baselines: dict[str, float] = {}
@@ -600,10 +605,21 @@ def report(
             sep = ""
         if not sep or not name.strip():
             _fail(f"--baseline {item!r}: expected NAME=SUCCESS, e.g. random=0.211")
+    rates: dict[int | None, float] = {}
+    for item in throughput or []:
+        k, sep, value = item.partition("=")
+        try:
+            rates[parse_k(k)] = float(value)
+            ok = bool(sep) and 0 < rates[parse_k(k)] < math.inf
+        except ValueError:
+            ok = False
+        if not ok:
+            _fail(f"--throughput {item!r}: expected K=GROUPS_PER_S with K an integer >= 0 or inf and a rate > 0, "
+                  "e.g. 0=1.25 or inf=2.26")
     target = out if out is not None else (paths[0] / "report" if len(paths) == 1 else Path("report"))
     try:
         result = write_report(paths, target, threshold=threshold, smooth=smooth, baselines=baselines,
-                              collapse_floor=collapse_floor)
+                              collapse_floor=collapse_floor, throughput=rates)
     except ReportError as e:
         _fail(str(e))
     for warning in result.warnings:

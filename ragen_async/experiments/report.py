@@ -3,7 +3,8 @@
 ``write_report(paths, out)`` reads the ``metrics.jsonl`` of every run it finds under ``paths`` (run
 directories, sweep directories, or folders holding either) and writes into ``out``:
 
-* ``report.md``: an overview table (one row per run); the cells (runs that differ only in their seed, pooled: mean ± 95 % interval of final and best
+* ``report.md``: an overview table (one row per run); the cells (runs that differ only in their seed, pooled: mean and
+  95 % interval, clipped to the quantity's range, Wilson's for a share of runs, of final and best
   validation success, throughput, staleness, the share of runs that fell and that collapsed, the lead time
   and false-alarm rate of each early-warning signal; definitions in :mod:`ragen_async.collapse` and
   :mod:`.study`; finished runs only); then a table per run: final and best
@@ -519,15 +520,18 @@ def _csv_rows(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
     return rows
 
 
-CELL_VALUES = (("final_val", "final val", ".3f"), ("best_val", "best val", ".3f"),
-               ("val_reached", "reached threshold (share)", ".2f"),
-               ("val_reached_at", "first step ≥ threshold (runs that reached it)", ".1f"),
-               ("groups_per_s", "groups/s", ".2f"), ("tokens_per_s", "tokens/s", ".0f"),
-               ("staleness_mean", "staleness mean", ".2f"),
-               ("fell", "fell (share)", ".2f"), ("collapsed", "collapsed (share)", ".2f"),
-               *((f"lead_{sig}", f"lead: {sig.replace('_', ' ')} (steps)", ".1f") for sig in SIGNALS),
-               *((f"false_alarms_{sig}", f"false alarms: {sig.replace('_', ' ')} (/100 steps)", ".2f")
+CELL_VALUES = (("final_val", "final val", ".3f", study.UNIT), ("best_val", "best val", ".3f", study.UNIT),
+               ("val_reached", "reached threshold (share)", ".2f", study.SHARE),
+               ("val_reached_at", "first step ≥ threshold (runs that reached it)", ".1f", study.POSITIVE),
+               ("groups_per_s", "groups/s", ".2f", study.POSITIVE), ("tokens_per_s", "tokens/s", ".0f", study.POSITIVE),
+               ("staleness_mean", "staleness mean", ".2f", study.POSITIVE),
+               ("fell", "fell (share)", ".2f", study.SHARE), ("collapsed", "collapsed (share)", ".2f", study.SHARE),
+               *((f"lead_{sig}", f"lead: {sig.replace('_', ' ')} (steps)", ".1f", (0.0, float(study.HORIZON)))
+                 for sig in SIGNALS),
+               *((f"false_alarms_{sig}", f"false alarms: {sig.replace('_', ' ')} (/100 steps)", ".2f", study.POSITIVE)
                  for sig in SIGNALS))
+"""The cells table's columns: summary key, header, format, and the range its interval is clipped to
+(``study.SHARE``: a share of runs, Wilson's interval)."""
 
 
 def _cells_section(summaries: Sequence[RunSummary], collapse_floor: float = 0.0) -> list[str]:
@@ -543,12 +547,14 @@ def _cells_section(summaries: Sequence[RunSummary], collapse_floor: float = 0.0)
         cells["staleness.max_staleness"] = cells["staleness.max_staleness"].replace("None", "∞")
     varying = [c for c in cells.columns if cells[c].nunique() > 1]
     frame = pd.concat([cells[varying].reset_index(drop=True),
-                       pd.DataFrame(_csv_rows(known))[[c for c, _, _ in CELL_VALUES]].astype(float)], axis=1)
+                       pd.DataFrame(_csv_rows(known))[[c for c, *_ in CELL_VALUES]].astype(float)], axis=1)
     frame["_cell"] = cells.astype(str).agg("|".join, axis=1)
-    table = study.cell_table(frame, ["_cell", *varying], [c for c, _, _ in CELL_VALUES])
+    table = study.cell_table(frame, ["_cell", *varying], [c for c, *_ in CELL_VALUES],
+                             {c: span for c, _, _, span in CELL_VALUES})
     lines = ["## Cells (seeds pooled)", "",
-             "Runs whose settings differ only in their seed form a cell; mean ± 95 % interval "
-             "(t distribution) over the cell's runs, no interval with one run. Threshold: the first validation with "
+             "Runs whose settings differ only in their seed form a cell: mean [95 % interval] over the cell's "
+             "runs (t distribution, clipped to the quantity's range; no interval with one run); a share of runs "
+             "(reached, fell, collapsed) with Wilson's 95 % interval for a proportion. Threshold: the first validation with "
              "success at or above the report's threshold (`--threshold`). Fell: at least two validations in a "
              f"row below the line half-way from {collapse_floor:g} (`--collapse-floor`) to the peak so far; "
              "collapsed: fell and stayed below to the end. Lead: steps from a signal's first firing within "
@@ -558,12 +564,58 @@ def _cells_section(summaries: Sequence[RunSummary], collapse_floor: float = 0.0)
              f"{study.HORIZON} steps, per 100 steps watched (`ragen_async/experiments/study.py`)."
              + (f" Only finished runs are pooled; {unfinished} unfinished left out (overview only)." if unfinished
                 else ""), ""]
-    header = [*(varying or ["cell"]), "runs", *(label for _, label, _ in CELL_VALUES)]
+    header = [*(varying or ["cell"]), "runs", *(label for _, label, *_ in CELL_VALUES)]
     rows = []
     for _, r in table.iterrows():
         settings = [r[c] for c in varying] or ["all runs"]
         rows.append([*settings, int(r["n"]),
-                     *(study.format_mean_ci(r[c], r[f"{c}_ci"], spec) for c, _, spec in CELL_VALUES)])
+                     *(study.format_bounds(r[c], r[f"{c}_lo"], r[f"{c}_hi"], spec) for c, _, spec, _ in CELL_VALUES)])
+    return [*lines, *_table(header, rows), ""]
+
+
+def _equal_time_section(runs: Sequence[RunData], summaries: Sequence[RunSummary],
+                        throughput: dict[int | None, float]) -> list[str]:
+    """The practical answer: per bounded cell whose k has a measured throughput (``--throughput``, groups/s
+    from ``bench pipeline`` on an idle machine), the time its step budget takes at that rate, its gain per
+    100 learner steps and its success at equal time: at the minutes the fastest of these cells needs for
+    its budget, each run's validation success interpolated at the step its k reaches by then."""
+    import pandas as pd
+
+    members: dict[str, list[tuple[RunData, RunSummary]]] = {}
+    for run, s in zip(runs, summaries, strict=True):
+        if s.cell and s.finished and s.k_known and not s.fixed_lag and s.k in throughput and run.val_success()[0].size:
+            members.setdefault("|".join(f"{k}={v}" for k, v in s.cell.items()), []).append((run, s))
+    if not members:
+        return []
+
+    def minutes_per_step(run: RunData, s: RunSummary) -> float:
+        groups = sum(int(env.get("n_groups", 0)) for env in _lookup(run.config, "rollout.envs", []) or [])
+        return max(groups, 1) / throughput[s.k] / 60.0
+
+    budget = {key: max(r.last_step for r, _ in group) * minutes_per_step(*group[0]) for key, group in members.items()}
+    equal = min(budget.values())
+    labels = pd.DataFrame([group[0][1].cell for group in members.values()], index=list(members))
+    varying = [c for c in labels.columns if labels[c].nunique() > 1 and c != "staleness.max_staleness"]
+    rows = []
+    for key, group in sorted(members.items(), key=lambda kv: (kv[1][0][1].k is None, kv[1][0][1].k or 0, kv[0])):
+        s0 = group[0][1]
+        steps_at = equal / minutes_per_step(*group[0])
+        gain = [100.0 * (s.final_val - s.first_val) / max(r.val_success()[0][-1], 1) for r, s in group]
+        at_time = [float(np.interp(steps_at, *r.val_success())) for r, _ in group]
+        settings = ", ".join(f"{c.rsplit('.', 1)[-1]} {labels.at[key, c]}" for c in varying)
+        rows.append([s0.k_label + (f" ({settings})" if settings else ""), len(group), f"{throughput[s0.k]:.2f}",
+                     f"{budget[key]:.1f}", study.format_bounds(*study.bounds([s.final_val for _, s in group],
+                                                                             study.UNIT)[:3], ".3f"),
+                     study.format_bounds(*study.bounds(gain)[:3], "+.3f"), f"{steps_at:.0f}",
+                     study.format_bounds(*study.bounds(at_time, study.UNIT)[:3], ".3f")])
+    lines = ["## At equal time (the practical answer)", "",
+             "Per bounded cell with a measured throughput (`--throughput K=GROUPS_PER_S`, from `ragen-async bench "
+             "pipeline` on an idle machine; the runs themselves may have shared theirs): the minutes its step "
+             "budget takes at that rate, the final success, the gain over its first validation per 100 learner "
+             f"steps, and the success at equal time: at {equal:.1f} min (the fastest cell's budget) each run's "
+             "validation success interpolated at the step its k reaches by then. Mean [95 % interval] over seeds.", ""]
+    header = ["k", "runs", "groups/s", "minutes for the budget", "final val", "gain per 100 steps",
+              f"step reached at {equal:.1f} min", f"val at {equal:.1f} min"]
     return [*lines, *_table(header, rows), ""]
 
 
@@ -744,7 +796,8 @@ def plot_cells(runs: Sequence[RunData], summaries: Sequence[RunSummary], out: Pa
             ax.plot(grid, mean, color=color, lw=1.6, label=label)
             if len(members) >= 2:
                 half = study.t95(len(members)) * ys.std(axis=0, ddof=1) / math.sqrt(len(members))
-                ax.fill_between(grid, mean - half, mean + half, color=color, alpha=0.2, lw=0)
+                ax.fill_between(grid, np.clip(mean - half, 0.0, 1.0), np.clip(mean + half, 0.0, 1.0),
+                                color=color, alpha=0.2, lw=0)
     axes[0].set(xlabel="learner step", ylabel="validation success", title="per cell: mean over seeds, 95 % band")
     axes[1].set(xlabel="training wall-clock (minutes, validation excluded)", title="the same against time")
     for ax in axes:
@@ -828,11 +881,13 @@ class Report:
 
 def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: float = 0.9,
                  smooth: int = 1, title: str | None = None, baselines: dict[str, float] | None = None,
-                 collapse_floor: float = 0.0) -> Report:
+                 collapse_floor: float = 0.0, throughput: dict[int | None, float] | None = None) -> Report:
     """Read every run under ``paths`` and write ``report.md``, ``summary.csv`` and the plots into ``out``;
     ``baselines`` (name -> validation success, e.g. the random and oracle policies) are drawn as lines
     on every validation-success plot; ``collapse_floor`` is the success a fall is measured towards
-    (:mod:`ragen_async.collapse`; the random policy's, for a run that starts well above 0)."""
+    (:mod:`ragen_async.collapse`; the random policy's, for a run that starts well above 0);
+    ``throughput`` (k, ``None`` = unbounded -> groups/s measured by ``bench pipeline``) adds the
+    equal-time table."""
     runs, warnings = find_runs(paths)
     if not runs:
         raise ReportError("no runs found under " + ", ".join(map(str, paths)) +
@@ -858,6 +913,7 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
     header = [h.format(t=f"{threshold:g}") for h in OVERVIEW]
     lines += [*_table(header, (_overview_row(s) for s in summaries)), ""]
     lines += _cells_section(summaries, collapse_floor)
+    lines += _equal_time_section(runs, summaries, throughput or {})
     if plots:
         lines += ["## Curves", ""]
         lines += [f"![{p.stem}]({p.name})" for p in plots if p.name.startswith("curves_")]

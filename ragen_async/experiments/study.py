@@ -11,7 +11,9 @@ online alert and the adaptive staleness bound use the same rules). Here:
   never fell); :func:`false_alarms` counts them, the report gives them per 100 learner steps.
 * **Cells.** Runs that differ only in their seed form a cell; a cell reports the mean and the 95 %
   interval half-width ``t(0.975, n - 1) * sd / sqrt(n)`` of each statistic over its seeds (no interval
-  with one seed).
+  with one seed), and where the statistic has a range (a success rate in [0, 1], a rate or a norm above 0)
+  the interval clipped to it. A share of runs (how many fell) is a binomial proportion: its interval is
+  Wilson's score interval, which stays in [0, 1] and is not empty at 0 of n or n of n.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from scipy import stats
 
 from ragen_async.collapse import SIGNAL_KEYS, SIGNALS, Collapse, EarlyWarning
 
-__all__ = ["signal_steps", "lead_times", "false_alarms", "interval", "error_bar", "t95", "cell_table", "format_mean_ci"]
+__all__ = ["signal_steps", "lead_times", "false_alarms", "interval", "error_bar", "t95", "wilson", "bounds",
+           "cell_table", "format_mean_ci", "format_bounds", "SHARE", "UNIT", "POSITIVE"]
 
 
 def signal_steps(steps: np.ndarray, values: np.ndarray, signal: str, window: int = 5) -> np.ndarray:
@@ -91,18 +94,56 @@ def interval(values: Sequence[float]) -> tuple[float, float, int]:
     return float(x.mean()), half, n
 
 
+UNIT = (0.0, 1.0)
+"""The range of a success rate."""
+POSITIVE = (0.0, math.inf)
+"""The range of a rate, a norm, a count or an age."""
+SHARE = "share"
+"""Marks a column of 0/1 values per run whose cell statistic is the share of runs (Wilson interval)."""
+
+
+def wilson(hits: float, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson's 95 % score interval of a share ``hits / n`` (NaN, NaN with no trial)."""
+    if n <= 0:
+        return math.nan, math.nan
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (0.0 if hits <= 0 else max(0.0, centre - half)), (1.0 if hits >= n else min(1.0, centre + half))
+
+
+def bounds(values: Sequence[float], span: tuple[float, float] | str = (-math.inf, math.inf)
+           ) -> tuple[float, float, float, int]:
+    """(mean, low, high, n) of the finite ``values``: the t interval clipped to ``span`` (the quantity's
+    range), or with ``span=SHARE`` the share of true values and its Wilson interval. Low and high are NaN
+    where there is no interval (one value of a continuous quantity, or none)."""
+    if span == SHARE:
+        x = [float(v) for v in values if v is not None and math.isfinite(v)]
+        if not x:
+            return math.nan, math.nan, math.nan, 0
+        return sum(x) / len(x), *wilson(sum(x), len(x)), len(x)
+    mean, half, n = interval(values)
+    if not math.isfinite(half):
+        return mean, math.nan, math.nan, n
+    low, high = span
+    return mean, max(low, mean - half), min(high, mean + half), n
+
+
 def error_bar(values: Sequence[float], low: float = -math.inf, high: float = math.inf) -> tuple[float, float, float]:
     """(mean, length below, length above) of the 95 % interval over ``values``, clipped to the quantity's
     range [low, high] (a success rate cannot leave [0, 1], a norm cannot go below 0); zero lengths with
     fewer than two values."""
-    mean, half, _ = interval(values)
-    half = half if math.isfinite(half) else 0.0
-    return mean, mean - max(low, mean - half), min(high, mean + half) - mean
+    mean, lo, hi, _ = bounds(values, (low, high))
+    return (mean, 0.0, 0.0) if not math.isfinite(lo) else (mean, mean - lo, hi - mean)
 
 
-def cell_table(runs: pd.DataFrame, cell_columns: Sequence[str], value_columns: Sequence[str]) -> pd.DataFrame:
+def cell_table(runs: pd.DataFrame, cell_columns: Sequence[str], value_columns: Sequence[str],
+               spans: dict[str, tuple[float, float] | str] | None = None) -> pd.DataFrame:
     """One row per cell (``runs`` grouped by ``cell_columns``, missing values as their own cell):
-    ``n`` and, per value column, ``<col>`` (mean), ``<col>_ci`` (95 % half-width)."""
+    ``n`` and, per value column, ``<col>`` (mean), ``<col>_ci`` (95 % half-width), and for the columns
+    ``spans`` names, ``<col>_lo`` and ``<col>_hi`` (:func:`bounds`: clipped to the range, or Wilson's
+    interval for a share)."""
+    spans = spans or {}
     rows = []
     for key, group in runs.groupby(list(cell_columns), dropna=False, sort=True):
         row = dict(zip(cell_columns, key if isinstance(key, tuple) else (key,), strict=True))
@@ -110,6 +151,8 @@ def cell_table(runs: pd.DataFrame, cell_columns: Sequence[str], value_columns: S
         for col in value_columns:
             mean, half, _ = interval(group[col].tolist())
             row[col], row[f"{col}_ci"] = mean, half
+            if col in spans:
+                row[col], row[f"{col}_lo"], row[f"{col}_hi"], _ = bounds(group[col].tolist(), spans[col])
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -118,3 +161,10 @@ def format_mean_ci(mean: float, half: float, spec: str = ".3f") -> str:
     if not math.isfinite(mean):
         return "—"
     return f"{mean:{spec}}" if not math.isfinite(half) else f"{mean:{spec}} ± {half:{spec}}"
+
+
+def format_bounds(mean: float, low: float, high: float, spec: str = ".3f") -> str:
+    """``mean [low, high]``; the mean alone without an interval, ``—`` without a value."""
+    if not math.isfinite(mean):
+        return "—"
+    return f"{mean:{spec}}" if not math.isfinite(low) else f"{mean:{spec}} [{low:{spec}}, {high:{spec}}]"

@@ -69,10 +69,14 @@ def test_transport_table_pairs_each_project_run_with_the_raw_run_after_it():
 
 
 def test_process_cpu_time_without_proc_comes_from_psutil(monkeypatch):
-    linux = components._cpu_s(os.getpid())
-    monkeypatch.setattr(components.Path, "is_dir", lambda self: False)  # as on macOS: no /proc
-    elsewhere = components._cpu_s(os.getpid())
-    assert linux > 0 and abs(elsewhere - linux) < 0.5  # the same clock, read in ticks
+    before = components._cpu_s(os.getpid())
+    with monkeypatch.context() as m:
+        m.setattr(components.Path, "is_dir", lambda self: False)  # as on macOS: no /proc
+        elsewhere = components._cpu_s(os.getpid())
+    after = components._cpu_s(os.getpid())
+    # The same clock read two ways: between the /proc readings before and after (a tick of slack each
+    # side); the process's other threads may use CPU in between, so no fixed gap is asserted.
+    assert before > 0 and before - 0.02 <= elsewhere <= after + 0.02
 
 
 def test_weights_bench_syncs_both_ways():

@@ -103,6 +103,20 @@ def test_error_bars_stay_within_the_quantity_s_range():
     assert study.error_bar([0.4]) == (0.4, 0.0, 0.0)
 
 
+def test_a_share_of_runs_has_wilson_s_interval():
+    # Reference values of the 95 % Wilson score interval (z = 1.96): 1 of 3 -> [0.0615, 0.7923];
+    # 0 of n -> [0, z^2 / (n + z^2)]: not the empty "0.00 ± 0.00" a t interval gives.
+    assert study.wilson(1, 3) == pytest.approx((0.0615, 0.7923), abs=1e-4)
+    assert study.wilson(0, 3) == (0.0, pytest.approx(1.96**2 / (3 + 1.96**2), abs=1e-4))
+    assert study.wilson(3, 3)[1] == 1.0 and study.wilson(3, 3)[0] == pytest.approx(1 - 1.96**2 / (3 + 1.96**2), abs=1e-4)
+    assert study.bounds([0.0, 1.0, 0.0, math.nan], study.SHARE) == (pytest.approx(1 / 3), *study.wilson(1, 3), 3)
+    # A continuous quantity: the t interval clipped to its range; no interval from one value.
+    mean, lo, hi, n = study.bounds([0.6, 0.8, 1.0], study.UNIT)
+    assert (mean, lo, hi, n) == (pytest.approx(0.8), pytest.approx(0.8 - stats.t.ppf(0.975, 2) * 0.2 / math.sqrt(3)), 1.0, 3)
+    assert study.format_bounds(*study.bounds([0.4], study.UNIT)[:3]) == "0.400"
+    assert study.format_bounds(0.8, 0.303, 1.0) == "0.800 [0.303, 1.000]"
+
+
 def test_the_report_pools_seeds_into_cells_with_intervals(tmp_path, make_run):
     root = tmp_path / "sweep"
     finals = {0: 0.6, 1: 0.8, 2: 1.0}
@@ -117,15 +131,14 @@ def test_the_report_pools_seeds_into_cells_with_intervals(tmp_path, make_run):
             for line in cells.splitlines() if line.startswith("| ") and "---" not in line}
     header = rows.pop("staleness.max_staleness")
     k1, k4 = (dict(zip(header, rows[k], strict=True)) for k in ("1", "4"))
-    half = stats.t.ppf(0.975, 2) * 0.2 / math.sqrt(3)  # finals 0.6, 0.8, 1.0: sd 0.2
-    assert k1["runs"] == "3" and k1["final val"] == f"0.800 ± {half:.3f}"
-    assert k1["collapsed (share)"] == "0.00 ± 0.00"
-    assert k4["runs"] == "1" and k4["final val"] == "0.100" and k4["collapsed (share)"] == "1.00"
+    half = stats.t.ppf(0.975, 2) * 0.2 / math.sqrt(3)  # finals 0.6, 0.8, 1.0: sd 0.2; clipped at 1
+    assert k1["runs"] == "3" and k1["final val"] == f"0.800 [{0.8 - half:.3f}, 1.000]"
+    assert k1["collapsed (share)"] == "0.00 [0.00, 0.56]"  # 0 of 3: Wilson
+    assert k4["runs"] == "1" and k4["final val"] == "0.100" and k4["collapsed (share)"] == "1.00 [0.21, 1.00]"
     # Threshold 0.9: only the seed-2 run of k = 1 reaches it (at its last validation, step 20); k = 4 at step 10.
     reached = "first step ≥ threshold (runs that reached it)"
-    third = stats.t.ppf(0.975, 2) * math.sqrt(1 / 3) / math.sqrt(3)  # shares 0, 0, 1
-    assert k1["reached threshold (share)"] == f"0.33 ± {third:.2f}" and k1[reached] == "20.0"
-    assert k4["reached threshold (share)"] == "1.00" and k4[reached] == "10.0"
+    assert k1["reached threshold (share)"] == "0.33 [0.06, 0.79]" and k1[reached] == "20.0"  # 1 of 3
+    assert k4["reached threshold (share)"] == "1.00 [0.21, 1.00]" and k4[reached] == "10.0"
     summary = (tmp_path / "out" / "summary.csv").read_text().splitlines()
     assert "collapse_step" in summary[0]
     assert any(line.startswith("k4-s0,") and ",15," in line for line in summary[1:])
@@ -152,7 +165,7 @@ def test_cells_pool_finished_runs_across_placements_and_count_falls(tmp_path, ma
     assert len(rows) == 3  # header, k = 8 (three runs, two of them finished) and unbounded
     row, unbounded = (dict(zip(rows[0], r, strict=True)) for r in rows[1:])
     assert row["staleness.max_staleness"] == "8" and unbounded["staleness.max_staleness"] == "∞"
-    assert row["runs"] == "2" and row["fell (share)"].startswith("0.50 ±") and row["collapsed (share)"] == "0.00 ± 0.00"
+    assert row["runs"] == "2" and row["fell (share)"] == "0.50 [0.09, 0.91]" and row["collapsed (share)"] == "0.00 [0.00, 0.66]"
     overview = {line.split("|")[1].strip(): line for line in md.split("## Cells")[0].splitlines() if line.startswith("| s")}
     assert "| 5 (recovered) |" in overview["s0"] and "partial" in overview["s2"]
     # Without the floor the same dip is not a fall: half the peak (0.21) is below it.
@@ -177,3 +190,28 @@ def test_the_cells_figure_is_drawn_and_linked(tmp_path, make_run):
     figure = tmp_path / "out" / "cells_val_success.png"
     assert figure in result.plots and figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "![cells](cells_val_success.png)" in result.markdown.read_text()
+
+
+def test_the_equal_time_table_reads_each_k_at_the_fastest_cell_s_budget(tmp_path, make_run):
+    """k = 0 learns faster per step but runs at half the rate: at the minutes k = 4 needs for its 20 steps,
+    k = 0 has done 10 and is behind. Fixed lag and a k without a measured rate stay out of the table."""
+    root = tmp_path / "runs"
+    four_groups = {"rollout": {"envs": [{"tag": "Bandit", "n_groups": 4}]}}
+    for seed in (0, 1):
+        make_run(root / f"k0-s{seed}", k=0, seed=seed, config=four_groups, val_curve=lambda st, tot: 0.3 + 0.02 * st)
+        make_run(root / f"k4-s{seed}", k=4, seed=seed, config=four_groups, val_curve=lambda st, tot: 0.3 + 0.015 * st)
+    make_run(root / "fixed4", k=4, fixed_lag=True, config=four_groups)
+    make_run(root / "k8", k=8, config=four_groups)
+    md = write_report([root], tmp_path / "out", throughput={0: 1.0, 4: 2.0}).markdown.read_text()
+    table = md.split("## At equal time")[1].split("## ")[0]
+    assert "at 0.7 min" in table  # k = 4: 20 steps x 4 groups / 2 groups/s = 40 s
+    rows = {r[0]: r for r in ([c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines()
+                              if line.startswith("| ") and "---" not in line)}
+    assert set(rows) == {"k", "0", "4"}
+    # k, runs, groups/s, minutes for the budget, final val, gain per 100 steps, step reached, val at that time
+    assert rows["0"][1:] == ["2", "1.00", "1.3", "0.700 [0.700, 0.700]", "+2.000 [+2.000, +2.000]", "10",
+                             "0.500 [0.500, 0.500]"]
+    assert rows["4"][1:] == ["2", "2.00", "0.7", "0.600 [0.600, 0.600]", "+1.500 [+1.500, +1.500]", "20",
+                             "0.600 [0.600, 0.600]"]
+    assert "## At equal time" not in write_report([root], tmp_path / "out2").markdown.read_text()
+
