@@ -339,10 +339,14 @@ class RunSummary:
     actor_lr: float = math.nan
     """The actor's learning rate (NaN where the config does not say): the study's step-size arm."""
     collapse: Collapse = Collapse(False, None, math.nan, None)
+    degraded: int | None = None
+    """The first validation of a lasting shortfall against the k = 0 cell at the same step size
+    (``study.degraded_from``); None: none, or no such reference."""
     lead: dict[str, int | None] = field(default_factory=dict)
-    """Per early-warning signal, steps from its first firing to the first fall (``study.lead_times``)."""
+    """Per early-warning signal, steps from its first firing to the run's first event, a fall or a degradation
+    (``study.lead_times``)."""
     false_alarms: dict[str, float] = field(default_factory=dict)
-    """Per early-warning signal, firings no fall followed, per 100 steps (``study.false_alarms``)."""
+    """Per early-warning signal, firings no event followed, per 100 steps (``study.false_alarms``)."""
     cell: dict[str, str] = field(default_factory=dict)
     """The run's settings other than its seed (flattened config): runs with equal cells are seeds of one cell."""
 
@@ -353,6 +357,22 @@ class RunSummary:
     @property
     def lag_label(self) -> str:
         return "fixed" if self.fixed_lag else "bounded"
+
+    @property
+    def event(self) -> int | None:
+        """The step early warnings are measured against: the first fall or degradation, whichever is earlier."""
+        steps = [x for x in (self.collapse.fell, self.degraded) if x is not None]
+        return min(steps) if steps else None
+
+    @property
+    def actor_lr_key(self) -> float:
+        """The step size as a dict key (-1 where the config does not say)."""
+        return -1.0 if math.isnan(self.actor_lr) else self.actor_lr
+
+    @property
+    def is_reference(self) -> bool:
+        """A synchronous run of the plain objective: what degradation is measured against."""
+        return self.k == 0 and self.k_known and not self.fixed_lag and self.off_policy == "none" and self.finished
 
     @property
     def finished(self) -> bool:
@@ -385,8 +405,13 @@ def _early_late(values: np.ndarray, fraction: float = 0.1) -> tuple[float, float
     return float(values[:n].mean()), float(values[-n:].mean())
 
 
-def summarize(run: RunData, threshold: float = 0.9, collapse_floor: float = 0.0) -> RunSummary:
+def summarize(run: RunData, threshold: float = 0.9, collapse_floor: float = 0.0,
+              band: dict[int, float] | None = None) -> RunSummary:
+    """One run's numbers; ``band`` (``study.reference_band`` of the k = 0 cell at the run's step size) makes
+    degradation measurable."""
     collapse = find_collapse(*run.val_success(), floor=collapse_floor)
+    degraded = study.degraded_from(*run.val_success(), band) if band else None
+    event = min((x for x in (collapse.fell, degraded) if x is not None), default=None)
     signals = {sig: run.series(key) for sig, key in SIGNAL_KEYS.items()}
     envs = {tag: _validation(*run.series(f"val/{tag}/success", validation=True), threshold)
             for tag in run.val_envs}
@@ -413,10 +438,20 @@ def summarize(run: RunData, threshold: float = 0.9, collapse_floor: float = 0.0)
         step_time=_nanmean(run.series("timing/step_s")[1]),
         tokens_per_s=_nanmean(run.series("throughput/tokens_per_s")[1]),
         groups_per_s=_nanmean(run.series("throughput/groups_per_s")[1]),
-        collapse=collapse,
-        lead=study.lead_times(signals, collapse), false_alarms=study.false_alarms(signals, collapse),
+        collapse=collapse, degraded=degraded,
+        lead=study.lead_times(signals, event), false_alarms=study.false_alarms(signals, event),
         cell=run.cell,
     )
+
+
+def reference_bands(runs: Sequence[RunData], summaries: Sequence[RunSummary]) -> dict[float, dict[int, float]]:
+    """Per actor learning rate: the lower 95 % band of the finished synchronous runs' validation success
+    (``study.reference_band``; a rate with fewer than two such runs has none)."""
+    curves: dict[float, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for run, s in zip(runs, summaries, strict=True):
+        if s.is_reference:
+            curves.setdefault(s.actor_lr_key, []).append(run.val_success())
+    return {lr: band for lr, c in curves.items() if (band := study.reference_band(c))}
 
 
 # ---------------------------------------------------------------------------- formatting
@@ -452,7 +487,7 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
 
 
 OVERVIEW = ("run", "k", "lag", "correction", "seed", "status", "steps", "first val", "final val", "best val",
-            "val ≥ {t} at", "fell at", "staleness mean / max", "max grad norm", "min entropy",
+            "val ≥ {t} at", "fell at", "degraded from", "staleness mean / max", "max grad norm", "min entropy",
             "reward std first → last 10%", "k3 mismatch", "step s")
 
 
@@ -464,7 +499,7 @@ def _fell(c: Collapse) -> str:
 def _overview_row(s: RunSummary) -> list[str]:
     return [s.name, s.k_label, s.lag_label, s.off_policy, MISSING if s.seed is None else str(s.seed), s.status,
             _steps(s), _f(s.first_val), _f(s.final_val), _f(s.best_val), MISSING if s.reached_at is None else str(s.reached_at),
-            _fell(s.collapse),
+            _fell(s.collapse), MISSING if s.degraded is None else str(s.degraded),
             f"{_f(s.staleness_mean, '.2f')} / {_f(s.staleness_max, '.0f')}", _f(s.grad_norm_max, '.3g'),
             _f(s.entropy_min, '.3g'), _trend(s.reward_std_first, s.reward_std_last), _f(s.k3_mismatch, '.2e'),
             _f(s.step_time, '.2f')]
@@ -511,6 +546,7 @@ def _csv_rows(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
             "groups_per_s": s.groups_per_s,
             "fell": float(s.collapse.fell is not None), "fell_step": s.collapse.fell,
             "collapsed": float(s.collapse.collapsed), "collapse_step": s.collapse.step,
+            "degraded": float(s.degraded is not None), "degraded_step": s.degraded,
             **{f"lead_{sig}": s.lead.get(sig) for sig in SIGNALS},
             **{f"false_alarms_{sig}": s.false_alarms.get(sig) for sig in SIGNALS},
         }
@@ -526,6 +562,7 @@ CELL_VALUES = (("final_val", "final val", ".3f", study.UNIT), ("best_val", "best
                ("groups_per_s", "groups/s", ".2f", study.POSITIVE), ("tokens_per_s", "tokens/s", ".0f", study.POSITIVE),
                ("staleness_mean", "staleness mean", ".2f", study.POSITIVE),
                ("fell", "fell (share)", ".2f", study.SHARE), ("collapsed", "collapsed (share)", ".2f", study.SHARE),
+               ("degraded", "degraded (share)", ".2f", study.SHARE),
                *((f"lead_{sig}", f"lead: {sig.replace('_', ' ')} (steps)", ".1f", (0.0, float(study.HORIZON)))
                  for sig in SIGNALS),
                *((f"false_alarms_{sig}", f"false alarms: {sig.replace('_', ' ')} (/100 steps)", ".2f", study.POSITIVE)
@@ -554,13 +591,16 @@ def _cells_section(summaries: Sequence[RunSummary], collapse_floor: float = 0.0)
     lines = ["## Cells (seeds pooled)", "",
              "Runs whose settings differ only in their seed form a cell: mean [95 % interval] over the cell's "
              "runs (t distribution, clipped to the quantity's range; no interval with one run); a share of runs "
-             "(reached, fell, collapsed) with Wilson's 95 % interval for a proportion. Threshold: the first validation with "
-             "success at or above the report's threshold (`--threshold`). Fell: at least two validations in a "
-             f"row below the line half-way from {collapse_floor:g} (`--collapse-floor`) to the peak so far; "
-             "collapsed: fell and stayed below to the end. Lead: steps from a signal's first firing within "
-             f"{study.HORIZON} steps before the first fall to the fall, over runs that fell and where it fired "
+             "(reached, fell, collapsed, degraded) with Wilson's 95 % interval for a proportion. Threshold: the first "
+             "validation with success at or above the report's threshold (`--threshold`). Fell: at least two "
+             f"validations in a row below the line half-way from {collapse_floor:g} (`--collapse-floor`) to the peak "
+             "so far; collapsed: fell and stayed below to the end. Degraded: from some validation to the last (two "
+             "or more) below the lower end of the 95 % interval of the synchronous runs (k = 0, bounded, no "
+             "correction, same learning rate) at the same step. Lead: steps from a signal's first firing within "
+             f"{study.HORIZON} steps before the run's first event (fall or degradation) to it, over runs with an "
+             "event where it fired "
              "(in-group reward std below half its running peak; entropy below half its start; a gradient norm "
-             "above 3× the median of the previous 5 steps). False alarms: firings that no fall followed within "
+             "above 3× the median of the previous 5 steps). False alarms: firings that no event followed within "
              f"{study.HORIZON} steps, per 100 steps watched (`ragen_async/experiments/study.py`)."
              + (f" Only finished runs are pooled; {unfinished} unfinished left out (overview only)." if unfinished
                 else ""), ""]
@@ -896,6 +936,9 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     summaries = [summarize(r, threshold, collapse_floor) for r in runs]
+    bands = reference_bands(runs, summaries)
+    summaries = [summarize(r, threshold, collapse_floor, bands.get(s.actor_lr_key))
+                 if s.actor_lr_key in bands and not s.is_reference else s for r, s in zip(runs, summaries, strict=True)]
     with_data = [r for r in runs if r.train or r.val]
     plots = plot_curves(with_data, out, smooth=smooth, baselines=baselines) if with_data else []
     stability = plot_staleness_summary([s for s, r in zip(summaries, runs, strict=True) if r.train or r.val], out)

@@ -3,10 +3,16 @@
 Collapse and the early-warning signals are defined once, in :mod:`ragen_async.collapse` (the run's
 online alert and the adaptive staleness bound use the same rules). Here:
 
-* A signal's **lead time** is the fall step (``Collapse.fell``: the first validation of the first fall,
-  whether or not the run recovered) minus the first step the signal fired within the ``horizon`` steps up
+* A signal's **lead time** is the event step (the first validation of the first fall, ``Collapse.fell``,
+  whether or not the run recovered, or of a degradation, below) minus the first step the signal fired within the ``horizon`` steps up
   to it (``None``: it did not fire there, or the run never fell). The horizon (default 25, the specimen
   study's validation interval) keeps a spike long before the fall from counting as its warning.
+* A run **degrades** (:func:`degraded_from`) when its validation success stays below the synchronous
+  reference (the k = 0 cell at the same step size: the lower end of the 95 % interval of its runs'
+  success at each validation step) from some validation to its last, for at least two validations: a
+  lasting shortfall against k = 0, where a fall (:mod:`ragen_async.collapse`) is a drop against the run's own
+  peak. Leads and false alarms count against the run's first *event*: its first fall or the start of its
+  degradation, whichever is earlier.
 * A **false alarm** is a firing that no fall follows within ``horizon`` steps (every firing of a run that
   never fell); :func:`false_alarms` counts them, the report gives them per 100 learner steps.
 * **Cells.** Runs that differ only in their seed form a cell; a cell reports the mean and the 95 %
@@ -25,9 +31,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ragen_async.collapse import SIGNAL_KEYS, SIGNALS, Collapse, EarlyWarning
+from ragen_async.collapse import SIGNAL_KEYS, SIGNALS, EarlyWarning
 
-__all__ = ["signal_steps", "lead_times", "false_alarms", "interval", "error_bar", "t95", "wilson", "bounds",
+__all__ = ["signal_steps", "reference_band", "degraded_from", "lead_times", "false_alarms", "interval", "error_bar", "t95", "wilson", "bounds",
            "cell_table", "format_mean_ci", "format_bounds", "SHARE", "UNIT", "POSITIVE"]
 
 
@@ -45,34 +51,61 @@ HORIZON = 25
 """Steps before a fall within which a signal's firing counts as its warning."""
 
 
+def reference_band(curves: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[int, float]:
+    """Per validation step that every curve has: the lower end of the 95 % t interval of their values
+    (empty with fewer than two curves: no interval, no reference)."""
+    if len(curves) < 2:
+        return {}
+    common = sorted(set.intersection(*(set(int(x) for x in steps) for steps, _ in curves)))
+    values = [dict(zip((int(x) for x in steps), values, strict=True)) for steps, values in curves]
+    band = {}
+    for step in common:
+        mean, half, _ = interval([v[step] for v in values])
+        band[step] = mean - half
+    return band
+
+
+def degraded_from(steps: np.ndarray, values: np.ndarray, band: dict[int, float], min_points: int = 2) -> int | None:
+    """The first validation of the final stretch (at least ``min_points`` validations, ending with the run's
+    last one on the band) in which success lies below ``band`` (:func:`reference_band`); None if there is none."""
+    on_band = [(int(x), float(v)) for x, v in zip(steps, values, strict=True) if int(x) in band]
+    start = None
+    for step, value in reversed(on_band):
+        if value >= band[step]:
+            break
+        start = step
+    below = sum(1 for step, _ in on_band if start is not None and step >= start)
+    return start if start is not None and below >= min_points else None
+
+
 def _fired(train_steps: dict[str, tuple[np.ndarray, np.ndarray]], signal: str, window: int) -> np.ndarray:
     steps, values = train_steps.get(signal, (np.zeros(0), np.zeros(0)))
     return signal_steps(steps, values, signal, window)
 
 
-def lead_times(train_steps: dict[str, tuple[np.ndarray, np.ndarray]], collapse: Collapse, window: int = 5,
+def lead_times(train_steps: dict[str, tuple[np.ndarray, np.ndarray]], event: int | None, window: int = 5,
                horizon: int = HORIZON) -> dict[str, int | None]:
-    """Per signal: the fall step minus the first step it fired within ``horizon`` steps up to the fall."""
+    """Per signal: the ``event`` step (a run's first fall or degradation; ``None``: none) minus the first step
+    it fired within ``horizon`` steps up to it."""
     out: dict[str, int | None] = {}
     for signal in SIGNALS:
         fired = _fired(train_steps, signal, window)
-        fell = collapse.fell
-        ahead = fired[(fired <= fell) & (fired >= fell - horizon)] if fell is not None else fired[:0]
-        out[signal] = int(fell - ahead[0]) if ahead.size else None
+        ahead = fired[(fired <= event) & (fired >= event - horizon)] if event is not None else fired[:0]
+        out[signal] = int(event - ahead[0]) if ahead.size else None
     return out
 
 
-def false_alarms(train_steps: dict[str, tuple[np.ndarray, np.ndarray]], collapse: Collapse, window: int = 5,
+def false_alarms(train_steps: dict[str, tuple[np.ndarray, np.ndarray]], event: int | None, window: int = 5,
                  horizon: int = HORIZON) -> dict[str, float]:
-    """Per signal: its firings that no fall followed within ``horizon`` steps, per 100 of the steps it
-    watched (all of a run that never fell; before ``fell - horizon`` in one that fell: a run's first fall
+    """Per signal: its firings that no event followed within ``horizon`` steps, per 100 of the steps it
+    watched (all of a run without an event; before ``event - horizon`` in one with: a run's first event
     ends the count). NaN where it watched no step."""
     out: dict[str, float] = {}
     for signal in SIGNALS:
         steps = train_steps.get(signal, (np.zeros(0), np.zeros(0)))[0]
         fired = _fired(train_steps, signal, window)
-        if collapse.fell is not None:
-            steps, fired = steps[steps < collapse.fell - horizon], fired[fired < collapse.fell - horizon]
+        if event is not None:
+            steps, fired = steps[steps < event - horizon], fired[fired < event - horizon]
         out[signal] = 100.0 * fired.size / steps.size if steps.size else math.nan
     return out
 

@@ -62,13 +62,12 @@ def test_lead_time_counts_steps_from_the_first_warning_to_the_collapse():
     series = {"reward_std": (steps, np.r_[np.ones(10), np.full(20, 0.1)]),
               "entropy": (steps, np.ones(30)),
               "grad_norm": (steps, np.where(steps == 25, 10.0, 1.0))}
-    lead = study.lead_times(series, Collapse(True, 20, 0.9, 5, fell=20))
+    lead = study.lead_times(series, 20)
     assert lead == {"reward_std": 7, "entropy": None, "grad_norm": None}  # the spike came after the fall
-    # A run that fell and recovered counts from its fall; a run that never fell has no lead.
-    assert study.lead_times(series, Collapse(False, None, 0.9, 5, fell=20)) == lead
-    assert study.lead_times(series, Collapse(False, None, 0.9, 5)) == dict.fromkeys(SIGNALS)
+    # A run without an event (no fall, no degradation) has no lead.
+    assert study.lead_times(series, None) == dict.fromkeys(SIGNALS)
     # Only firings within the horizon before the fall count: reward std first fired at 13, 17 steps ahead.
-    assert study.lead_times(series, Collapse(False, None, 0.9, 5, fell=20), horizon=5)["reward_std"] == 5
+    assert study.lead_times(series, 20, horizon=5)["reward_std"] == 5
 
 
 def test_false_alarms_are_firings_no_fall_followed():
@@ -77,12 +76,12 @@ def test_false_alarms_are_firings_no_fall_followed():
     grad[[19, 59, 89]] = 10.0  # spikes at steps 20, 60 and 90
     series = {"grad_norm": (steps, grad)}
     # Never fell: all three spikes are false alarms, over 100 steps watched.
-    assert study.false_alarms(series, Collapse(False, None, 0.5, 0))["grad_norm"] == pytest.approx(3.0)
+    assert study.false_alarms(series, None)["grad_norm"] == pytest.approx(3.0)
     # Fell at 75: the spike at 60 warned of it (within 25 steps); 20 did not; steps from 50 on are not watched.
-    fell = Collapse(False, None, 0.5, 0, fell=75)
+    fell = 75
     assert study.false_alarms(series, fell)["grad_norm"] == pytest.approx(100 * 1 / 49)
     assert study.lead_times(series, fell)["grad_norm"] == 15
-    assert math.isnan(study.false_alarms(series, Collapse(False, None, 0.5, 0, fell=10))["grad_norm"])
+    assert math.isnan(study.false_alarms(series, 10)["grad_norm"])
 
 
 def test_interval_is_the_t_interval():
@@ -215,3 +214,28 @@ def test_the_equal_time_table_reads_each_k_at_the_fastest_cell_s_budget(tmp_path
                              "0.600 [0.600, 0.600]"]
     assert "## At equal time" not in write_report([root], tmp_path / "out2").markdown.read_text()
 
+
+
+def test_a_run_degrades_when_it_stays_below_the_synchronous_band_to_its_end(tmp_path, make_run):
+    """Degradation is measured against k = 0 at the same step size: the lower end of its runs' 95 % interval
+    at each validation. Staying below it to the end (two validations or more) degrades a run; a dip that
+    recovers or a last validation alone does not; a run at a step size with no k = 0 runs has no reference."""
+    root = tmp_path / "runs"
+    for seed, offset in enumerate((0.0, 0.01, 0.02)):  # band: 0.31 + 0.02 step - 0.0248
+        make_run(root / f"k0-s{seed}", k=0, seed=seed, val_curve=lambda st, tot, o=offset: 0.3 + o + 0.02 * st)
+    sync = lambda st: 0.31 + 0.02 * st  # noqa: E731
+    make_run(root / "k4", k=4, val_curve=lambda st, tot: sync(st) if st <= 10 else 0.4)
+    make_run(root / "k8", k=8, val_curve=lambda st, tot: 0.1 if st == 10 else sync(st))
+    make_run(root / "k2", k=2, val_curve=lambda st, tot: 0.4 if st == 20 else sync(st))
+    make_run(root / "lr", k=4, config={"learner": {"actor_lr": 2e-4}}, val_curve=lambda st, tot: 0.3)
+    report = write_report([root], tmp_path / "out")
+    s = {x.name: x for x in report.summaries}
+    assert {n: x.degraded for n, x in s.items()} == {"k0-s0": None, "k0-s1": None, "k0-s2": None, "k4": 15,
+                                                     "k8": None, "k2": None, "lr": None}
+    # The early warnings count against the degradation: the fixture's gradient-norm spike at step 10 leads it by 5.
+    assert s["k4"].event == 15 and s["k4"].lead["grad_norm"] == 5 and s["k8"].lead["grad_norm"] is None
+    overview = {line.split("|")[1].strip(): line for line in report.markdown.read_text().split("## Cells")[0].splitlines()
+                if line.startswith("| k") or line.startswith("| lr")}
+    assert "| — | 15 |" in overview["k4"]  # fell at —, degraded from 15
+    assert ",15," in next(line for line in report.csv.read_text().splitlines() if line.startswith("k4,"))
+    assert study.reference_band([(np.array([0, 5]), np.array([0.3, 0.4]))]) == {}  # one run: no interval
