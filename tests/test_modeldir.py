@@ -24,9 +24,12 @@ def test_the_study_starts_from_the_weights_it_pins_and_they_are_in_the_repositor
     assert weights_sha256(WARM_START) == cfg.model.sha256
     assert json.loads((WARM_START / "build_info.json").read_text())["weights_sha256"] == cfg.model.sha256
     assert model_problem(cfg.model.path, cfg.model.sha256) is None
-    # every study sweep inherits the pin
+    # every run of every study sweep inherits the pin
+    from ragen_async.experiments.sweep import SweepSpec, plan_sweep
+
     for spec in sorted(Path("configs/sweeps").glob("study_*.yaml")):
-        assert "study_specimen.yaml" in spec.read_text(), spec
+        runs = plan_sweep(SweepSpec.load(spec)).runs
+        assert runs and all(r.config.model.sha256 == cfg.model.sha256 for r in runs), spec
 
 
 def test_other_weights_under_a_pin_are_refused_in_one_line_before_anything_starts(tmp_path):

@@ -14,6 +14,8 @@ A sweep spec is a small YAML file (see ``configs/sweeps/``)::
     where:                                  # overrides for the grid points that match (after ``overrides``)
       - match: {staleness.max_staleness: 0}
         set: {rollout.cpus_per_worker: 2}
+      - match: {staleness.max_staleness: [1, 2, 4]}
+        base: ../tiny/other.yaml            # or another base config for them (the last matching rule's)
     labels:                                 # optional: how a grid value is spelled in run names
       learner.actor_lr: "lr{}"
 
@@ -148,7 +150,8 @@ class SweepSpec:
     overrides: dict[str, Any] = field(default_factory=dict)
     exclude: list[dict[str, Any]] = field(default_factory=list)
     where: list[dict[str, Any]] = field(default_factory=list)
-    """``{match: {grid key: value or list}, set: {dotted key: value}}``: overrides for the matching points."""
+    """``{match: {grid key: value or list}, set: {dotted key: value}, base: path}`` (``set``, ``base`` or both):
+    overrides, or another base config (resolved like ``base``), for the matching points."""
     labels: dict[str, Any] = field(default_factory=dict)
     description: str = ""
     source: Path | None = None
@@ -174,11 +177,15 @@ class SweepSpec:
             raise SweepError(f"{where}: unknown key(s) {unknown}; a spec has {list(SPEC_KEYS)}")
         if "base" not in data:
             raise SweepError(f"{where}: missing 'base' (the config file every run starts from)")
-        base = Path(data["base"])
-        if not base.is_absolute() and origin is not None:
-            base = Path(os.path.normpath(origin.parent / base))
-        if not base.is_file():
-            raise SweepError(f"{where}: base config not found: {base}")
+        def config_file(value: Any, what: str) -> Path:
+            path = Path(str(value))
+            if not path.is_absolute() and origin is not None:
+                path = Path(os.path.normpath(origin.parent / path))
+            if not path.is_file():
+                raise SweepError(f"{where}: {what} config not found: {path}")
+            return path
+
+        base = config_file(data["base"], "base")
 
         grid = data.get("grid") or {}
         if not isinstance(grid, Mapping):
@@ -202,18 +209,24 @@ class SweepSpec:
                 raise SweepError(f"{where}: exclude[{i}] names {stray}, which are not grid keys {list(grid)}")
 
         rules = data.get("where") or []
-        if not isinstance(rules, list) or not all(isinstance(r, Mapping) and set(r) == {"match", "set"} for r in rules):
-            raise SweepError(f"{where}: 'where' must be a list of {{match: {{grid key: value}}, set: {{key: value}}}}")
+        if not isinstance(rules, list) or not all(isinstance(r, Mapping) and "match" in r and len(r) > 1
+                                                  and set(r) <= {"match", "set", "base"} for r in rules):
+            raise SweepError(f"{where}: 'where' must be a list of {{match: {{grid key: value}}, set: {{key: value}}, "
+                             "base: config}} (set, base or both)")
         for i, rule in enumerate(rules):
-            if not isinstance(rule["match"], Mapping) or not rule["match"] or not isinstance(rule["set"], Mapping) \
-                    or not rule["set"]:
-                raise SweepError(f"{where}: where[{i}] needs a non-empty 'match' and a non-empty 'set' mapping")
+            if not isinstance(rule["match"], Mapping) or not rule["match"] or \
+                    ("set" in rule and (not isinstance(rule["set"], Mapping) or not rule["set"])):
+                raise SweepError(f"{where}: where[{i}] needs a non-empty 'match' and a non-empty 'set' mapping "
+                                 "or a 'base'")
             stray = sorted(set(rule["match"]) - set(grid))
             if stray:
                 raise SweepError(f"{where}: where[{i}].match names {stray}, which are not grid keys {list(grid)}")
-            clash = sorted(set(rule["set"]) & set(grid))
+            clash = sorted(set(rule.get("set") or {}) & set(grid))
             if clash:
                 raise SweepError(f"{where}: where[{i}].set sets grid keys {clash}; that would flatten the grid")
+        rules = [{"match": dict(r["match"]), **({"set": dict(r["set"])} if "set" in r else {}),
+                  **({"base": str(config_file(r["base"], f"where[{i}].base"))} if "base" in r else {})}
+                 for i, r in enumerate(rules)]
 
         labels = data.get("labels") or {}
         if not isinstance(labels, Mapping):
@@ -221,7 +234,7 @@ class SweepSpec:
         name = data.get("name") or (origin.stem if origin else "sweep")
         return cls(name=str(name), base=base, grid={str(k): list(v) for k, v in grid.items()},
                    overrides=dict(overrides), exclude=[dict(r) for r in exclude],
-                   where=[{"match": dict(r["match"]), "set": dict(r["set"])} for r in rules], labels=dict(labels),
+                   where=rules, labels=dict(labels),
                    description=str(data.get("description") or ""), source=origin)
 
     def to_dict(self) -> dict[str, Any]:
@@ -291,9 +304,11 @@ def plan_sweep(spec: SweepSpec, extra_overrides: Sequence[str] = ()) -> Plan:
     runs, errors = [], []
     for name, point in zip(names, points, strict=True):
         own = [format_override(k, v) for k, v in point.items()]
-        where = [format_override(k, v) for rule in spec.where if _matches(rule["match"], point) for k, v in rule["set"].items()]
+        matching = [rule for rule in spec.where if _matches(rule["match"], point)]
+        where = [format_override(k, v) for rule in matching for k, v in rule.get("set", {}).items()]
+        base = next((Path(rule["base"]) for rule in reversed(matching) if "base" in rule), spec.base)
         try:
-            cfg = load_config(spec.base, [*fixed, *where, *extra_overrides, *own,
+            cfg = load_config(base, [*fixed, *where, *extra_overrides, *own,
                                           format_override("name", f"{spec.name}-{name}")])
         except ConfigError as e:
             detail = str(e).replace("\n", "\n    ")

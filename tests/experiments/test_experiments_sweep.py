@@ -96,6 +96,24 @@ def test_where_sets_overrides_on_the_matching_points_only(bandit_spec):
     assert SweepSpec.from_dict(spec.to_dict()).where == spec.where  # kept in the manifest as given
 
 
+def test_where_can_give_the_matching_points_another_base_config(bandit_spec, tmp_path):
+    """A placement defined once, in a config file, and chosen per grid point: the matching points start from
+    that file (its own overrides and the grid still apply on top); the last matching rule's base wins."""
+    other = tmp_path / "one_core_each.yaml"
+    other.write_text(f"inherit: {TINY_BANDIT}\nrollout:\n  cpu_affinity: [0]\nlearner:\n  cpu_affinity: [1]\n")
+    spec = SweepSpec.load(bandit_spec({"staleness.max_staleness": [0, 1, 2]},
+                                      where=[{"match": {"staleness.max_staleness": [1, 2]}, "base": other.name},
+                                             {"match": {"staleness.max_staleness": 2},
+                                              "set": {"learner.cpu_affinity": [0]}}]))
+    assert spec.where[0]["base"] == str(other)  # resolved against the spec's folder
+    runs = {r.name: r.config for r in plan_sweep(spec).runs}
+    assert runs["k0"].rollout.cpu_affinity is None and runs["k0"].learner.cpu_affinity is None
+    assert runs["k1"].rollout.cpu_affinity == [0] and runs["k1"].learner.cpu_affinity == [1]
+    assert runs["k2"].rollout.cpu_affinity == [0] and runs["k2"].learner.cpu_affinity == [0]  # base, then set
+    assert runs["k1"].staleness.max_staleness == 1  # the grid on top of the other base
+    assert SweepSpec.from_dict(spec.to_dict()).where == spec.where
+
+
 @pytest.mark.parametrize("value", [1e-6, 0.25, None, True, "none", "true", 4,
                                    [{"tag": "Bandit", "n_groups": 8}], {"a": 1}])
 def test_overrides_read_back_exactly(value):
@@ -136,6 +154,9 @@ def test_a_bad_value_names_the_one_run_it_breaks(bandit_spec):
      "flatten the grid"),
     ({"base": "BASE", "grid": {"seed": [0]}, "where": [{"match": {"seed": 0}}]}, "a list of"),
     ({"base": "BASE", "grid": {"seed": [0]}, "where": [{"match": {}, "set": {"learner.torch_threads": 2}}]}, "non-empty"),
+    ({"base": "BASE", "grid": {"seed": [0]}, "where": [{"match": {"seed": 0}, "base": "gone.yaml"}]},
+     r"where\[0\].base config not found"),
+    ({"base": "BASE", "grid": {"seed": [0]}, "where": [{"match": {"seed": 0}, "bsae": "x.yaml"}]}, "a list of"),
 ])
 def test_malformed_specs_say_what_is_wrong(tmp_path, spec, message):
     if spec.get("base") == "BASE":
