@@ -525,9 +525,18 @@ def bench_rllib_cmd(
     seeds: Annotated[int, typer.Option(help="runs per k (RLlib seeds 0 .. N-1)")] = 1,
     budget_s: Annotated[float, typer.Option(help="training seconds per run (evaluations not counted)")] = 120.0,
     out: Annotated[Path | None, typer.Option(help="append the table to this markdown file")] = None,
+    csv: Annotated[Path | None, typer.Option(
+        help="write the cells (measured lag, final success and interval) here, for `report --reference`")] = None,
 ) -> None:
     """Classic reference: RLlib APPO with a small MLP on one-hot Sokoban, per staleness k."""
-    from ragen_async.experiments.rllib_ref import EVAL_EPISODES, EVAL_SEED, bench_rllib, cells, format_cells
+    from ragen_async.experiments.rllib_ref import (
+        EVAL_EPISODES,
+        EVAL_SEED,
+        bench_rllib,
+        cells,
+        format_cells,
+        reference_csv,
+    )
 
     ks = k or [0, 1, 2, 4, 8]
     if min(ks) < 0 or seeds < 1 or budget_s <= 0:
@@ -545,7 +554,11 @@ def bench_rllib_cmd(
             f"k -> broadcast_interval = k + 1 (ragen_async/experiments/rllib_ref.py says how, and what it does not "
             f"bound); success over seeds {EVAL_SEED}..{EVAL_SEED + EVAL_EPISODES - 1}, one episode each; "
             f"mean ± 95 % t-interval over seeds (none with one seed); lag measured per trained timestep")
-    _print_bench("RLlib APPO reference", cmd, note, format_cells(cells(results)), out)
+    table = cells(results)
+    _print_bench("RLlib APPO reference", cmd, note, format_cells(table), out)
+    if csv is not None:
+        csv.parent.mkdir(parents=True, exist_ok=True)
+        csv.write_text(f"# {cmd}, {time.strftime('%Y-%m-%d %H:%M')}\n" + reference_csv(table))
 
 
 @app.command()
@@ -588,6 +601,9 @@ def report(
     collapse_floor: Annotated[float, typer.Option(
         min=0.0, max=1.0, help="a fall is half the way from this success to the peak lost, e.g. the random "
         "policy's success for a run from a warm start (default 0: half the peak)")] = 0.0,
+    reference: Annotated[list[str] | None, typer.Option(
+        help="NAME=CSV, a reference's cells (e.g. from `bench rllib --csv`) drawn beside ours against measured "
+        "lag (repeatable)")] = None,
     throughput: Annotated[list[str] | None, typer.Option(
         help="K=GROUPS_PER_S from `bench pipeline` (K an integer or inf), repeatable: adds the equal-time "
         "table (minutes per budget, success at equal wall-clock)")] = None,
@@ -616,10 +632,16 @@ def report(
         if not ok:
             _fail(f"--throughput {item!r}: expected K=GROUPS_PER_S with K an integer >= 0 or inf and a rate > 0, "
                   "e.g. 0=1.25 or inf=2.26")
+    references: dict[str, str] = {}
+    for item in reference or []:
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            _fail(f"--reference {item!r}: expected NAME=CSV, e.g. 'RLlib APPO=studies/rllib_appo/cells.csv'")
+        references[name.strip()] = path.strip()
     target = out if out is not None else (paths[0] / "report" if len(paths) == 1 else Path("report"))
     try:
         result = write_report(paths, target, threshold=threshold, smooth=smooth, baselines=baselines,
-                              collapse_floor=collapse_floor, throughput=rates)
+                              collapse_floor=collapse_floor, throughput=rates, references=references)
     except ReportError as e:
         _fail(str(e))
     for warning in result.warnings:

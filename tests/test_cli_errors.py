@@ -31,6 +31,9 @@ def test_report_baseline_must_be_name_equals_success(tmp_path):
     result = CliRunner().invoke(app, ["report", str(tmp_path), "--collapse-floor", "1.5", "--out", str(tmp_path / "r")])
     assert result.exit_code == 2 and "--collapse-floor" in result.output, result.output
     assert not (tmp_path / "r").exists()
+    for bad in ("appo", "=x.csv", "appo="):
+        result = CliRunner().invoke(app, ["report", str(tmp_path), "--reference", bad, "--out", str(tmp_path / "r")])
+        assert result.exit_code == 2 and "expected NAME=CSV" in result.output, result.output
     for bad in ("0", "0=fast", "-1=2.0", "eight=2.0", "4=0", "inf=nan"):
         result = CliRunner().invoke(app, ["report", str(tmp_path), "--throughput", bad, "--out", str(tmp_path / "r")])
         assert result.exit_code == 2 and "expected K=GROUPS_PER_S" in result.output, result.output

@@ -34,13 +34,16 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
 
 from ragen_async.collapse import SIGNAL_KEYS, SIGNALS, Collapse, find_collapse
 from ragen_async.experiments import study
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 STEP = "learner/step"
 MISSING = "—"
@@ -909,6 +912,74 @@ def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path |
     return _save(fig, out / "staleness_stability.png")
 
 
+REFERENCE_COLUMNS = ("lag_mean", "final_success", "final_success_lo", "final_success_hi")
+"""What a reference's cells CSV holds per cell (``ragen-async bench rllib --csv`` writes it): the measured mean
+lag in policy versions, the final success and its 95 % interval (empty with one seed); ``label`` optional."""
+
+
+def read_reference(path: str | Path) -> pd.DataFrame:
+    """A reference's cells (:data:`REFERENCE_COLUMNS`), or :class:`ReportError` naming what is missing."""
+    import pandas as pd
+
+    try:
+        frame = pd.read_csv(path, comment="#")
+    except (OSError, ValueError) as e:
+        raise ReportError(f"reference {path}: cannot read it as CSV ({e})") from None
+    missing = [c for c in REFERENCE_COLUMNS if c not in frame.columns]
+    if missing or frame.empty:
+        raise ReportError(f"reference {path}: needs a row per cell with columns {list(REFERENCE_COLUMNS)}"
+                          + (f"; missing {missing}" if missing else "; no rows"))
+    return frame
+
+
+def plot_lag_sensitivity(summaries: Sequence[RunSummary], references: dict[str, pd.DataFrame], out: Path
+                         ) -> Path | None:
+    """Final success against the *measured* mean lag (policy versions), ours beside each reference (e.g.
+    RLlib APPO on the same levels): every finished run of ours as a point, each of our cells (k, correction,
+    lag mode, step size) at its mean lag with its success interval, each reference cell with its interval.
+    Measured lag, not k, is the common axis: a k means different lags in different systems."""
+    from matplotlib.figure import Figure
+
+    known = [s for s in summaries if s.k_known and s.finished and math.isfinite(s.staleness_mean)
+             and math.isfinite(s.final_val)]
+    if not known or not references:
+        return None
+    fig = Figure(figsize=(6.5, 4.2), layout="constrained")
+    ax = fig.subplots()
+    arms: dict[tuple[Any, ...], list[RunSummary]] = {}
+    for s in known:
+        arms.setdefault((s.off_policy, s.fixed_lag, s.actor_lr_key), []).append(s)
+    for i, ((mode, fixed, lr), members) in enumerate(sorted(arms.items())):
+        color = f"C{i}"
+        ax.scatter([s.staleness_mean for s in members], [s.final_val for s in members], s=14, alpha=0.5,
+                   color=color, marker=MARKERS.get(mode, "D"))
+        cells: dict[str, list[RunSummary]] = {}
+        for s in members:
+            cells.setdefault(s.k_label, []).append(s)
+        xs, ys, below, above = [], [], [], []
+        for group in sorted(cells.values(), key=lambda g: np.mean([s.staleness_mean for s in g])):
+            mean, low, high = study.error_bar([s.final_val for s in group], 0.0, 1.0)
+            xs.append(float(np.mean([s.staleness_mean for s in group])))
+            ys.append(mean)
+            below.append(low)
+            above.append(high)
+        step = f", lr {lr:g}" if len(arms) > 1 and lr >= 0 else ""
+        ax.errorbar(xs, ys, yerr=[below, above], color=color, ls="--" if fixed else "-", capsize=4, lw=1.4,
+                    marker=MARKERS.get(mode, "D"), label=f"ours: {mode}, {'fixed lag' if fixed else 'bounded'}{step}")
+    for j, (name, frame) in enumerate(sorted(references.items())):
+        frame = frame.sort_values("lag_mean")
+        y = frame["final_success"].to_numpy(float)
+        lo = np.nan_to_num(y - frame["final_success_lo"].to_numpy(float))
+        hi = np.nan_to_num(frame["final_success_hi"].to_numpy(float) - y)
+        ax.errorbar(frame["lag_mean"], y, yerr=[lo, hi], color=("black", "dimgray", "gray")[j % 3], ls=":",
+                    marker="s", capsize=4, lw=1.4, label=name)
+    ax.set(xlabel="measured mean lag of the trained data (policy versions)", ylabel="final success",
+           title="final success vs measured lag, beside the reference")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, frameon=False, loc="best")
+    return _save(fig, out / "lag_sensitivity.png")
+
+
 # ---------------------------------------------------------------------------- the report
 @dataclass
 class Report:
@@ -921,13 +992,16 @@ class Report:
 
 def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: float = 0.9,
                  smooth: int = 1, title: str | None = None, baselines: dict[str, float] | None = None,
-                 collapse_floor: float = 0.0, throughput: dict[int | None, float] | None = None) -> Report:
+                 collapse_floor: float = 0.0, throughput: dict[int | None, float] | None = None,
+                 references: dict[str, str | Path] | None = None) -> Report:
     """Read every run under ``paths`` and write ``report.md``, ``summary.csv`` and the plots into ``out``;
     ``baselines`` (name -> validation success, e.g. the random and oracle policies) are drawn as lines
     on every validation-success plot; ``collapse_floor`` is the success a fall is measured towards
     (:mod:`ragen_async.collapse`; the random policy's, for a run that starts well above 0);
     ``throughput`` (k, ``None`` = unbounded -> groups/s measured by ``bench pipeline``) adds the
-    equal-time table."""
+    equal-time table; ``references`` (name -> cells CSV, :func:`read_reference`) adds the figure of success
+    against measured lag beside them."""
+    reference_frames = {name: read_reference(path) for name, path in (references or {}).items()}
     runs, warnings = find_runs(paths)
     if not runs:
         raise ReportError("no runs found under " + ", ".join(map(str, paths)) +
@@ -947,6 +1021,9 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
     cells_plot = plot_cells(runs, summaries, out, baselines=baselines)
     if cells_plot is not None:
         plots.append(cells_plot)
+    lag_plot = plot_lag_sensitivity(summaries, reference_frames, out)
+    if lag_plot is not None:
+        plots.append(lag_plot)
 
     sources = ", ".join(f"`{p}`" for p in paths)
     lines = [f"# {title or 'ragen_async report'}", "",
@@ -964,6 +1041,9 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
             lines += ["", "## Staleness vs stability", "", f"![staleness vs stability]({stability.name})"]
         if cells_plot is not None:
             lines += ["", "## Cells over steps and wall-clock", "", f"![cells]({cells_plot.name})"]
+        if lag_plot is not None:
+            lines += ["", "## Beside the reference", "", f"References: {', '.join(sorted(reference_frames))}.", "",
+                      f"![lag sensitivity]({lag_plot.name})"]
         lines.append("")
     lines += ["## Runs", ""]
     for run, s in zip(runs, summaries, strict=True):

@@ -60,7 +60,7 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 from ragen_async.envs.sokoban import ACTION_NAMES, SokobanEnv
-from ragen_async.experiments.study import cell_table, format_mean_ci
+from ragen_async.experiments.study import UNIT, cell_table, format_mean_ci
 
 SYMBOLS: tuple[str, ...] = tuple(SokobanEnv.grid_vocab or {})
 """Grid symbols in channel order: wall, floor, target, box on target, box, player, player on target."""
@@ -426,8 +426,16 @@ def cells(results: Sequence[RunResult]) -> pd.DataFrame:
     runs = pd.DataFrame([r.summary() for r in results])
     values = ["final_success", "best_success", "final_success_sampled", "env_steps_per_s", "lag_mean", "lag_max"]
     runs["lag_max"] = runs["lag_max"].astype(float)
-    table = cell_table(runs, ["k", "broadcast_interval"], values)
+    table = cell_table(runs, ["k", "broadcast_interval"], values, {"final_success": UNIT})
     return table.rename(columns={"n": "seeds"})
+
+
+def reference_csv(table: pd.DataFrame) -> str:
+    """:func:`cells` as the reference CSV ``ragen-async report --reference`` draws beside the study
+    (``report.REFERENCE_COLUMNS``: measured lag, final greedy success and its interval, per k)."""
+    frame = table[["k", "seeds", "lag_mean", "final_success", "final_success_lo", "final_success_hi"]].copy()
+    frame.insert(0, "label", [f"APPO k = {k}" for k in frame["k"]])
+    return frame.to_csv(index=False, float_format="%.4f")
 
 
 def format_cells(table: pd.DataFrame) -> str:

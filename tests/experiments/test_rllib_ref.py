@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -23,6 +25,7 @@ from ragen_async.experiments.rllib_ref import (
     format_cells,
     knobs_for_k,
     make_env,
+    reference_csv,
     train_appo,
 )
 
@@ -154,6 +157,11 @@ def test_run_statistics_and_table():
     assert row["final_success_ci"] == pytest.approx(4.302653 * 0.1 / math.sqrt(3), rel=1e-5)
     text = format_cells(table)
     assert "| 0 | 1 | 3 | 0.300 ± 0.248 |" in text
+    # The same cells as the reference CSV the study's report draws beside its own runs.
+    ref = pd.read_csv(io.StringIO(reference_csv(table)))
+    assert list(ref.columns) == ["label", "k", "seeds", "lag_mean", "final_success", "final_success_lo",
+                                 "final_success_hi"]
+    assert ref.loc[0, "lag_mean"] == pytest.approx(1.5) and ref.loc[0, "final_success_lo"] == pytest.approx(0.3 - row["final_success_ci"], abs=1e-4)
 
 
 def test_bench_rllib_rejects_bad_options():

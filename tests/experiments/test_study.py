@@ -10,7 +10,7 @@ from scipy import stats
 
 from ragen_async.collapse import SIGNALS, Collapse, find_collapse
 from ragen_async.experiments import study
-from ragen_async.experiments.report import write_report
+from ragen_async.experiments.report import ReportError, write_report
 
 
 def test_collapse_is_a_fall_below_half_the_peak_for_good():
@@ -239,3 +239,24 @@ def test_a_run_degrades_when_it_stays_below_the_synchronous_band_to_its_end(tmp_
     assert "| — | 15 |" in overview["k4"]  # fell at —, degraded from 15
     assert ",15," in next(line for line in report.csv.read_text().splitlines() if line.startswith("k4,"))
     assert study.reference_band([(np.array([0, 5]), np.array([0.3, 0.4]))]) == {}  # one run: no interval
+
+
+def test_the_lag_figure_draws_a_reference_beside_the_runs_and_refuses_a_malformed_one(tmp_path, make_run):
+    root = tmp_path / "runs"
+    for k in (0, 4):
+        for seed in (0, 1):
+            make_run(root / f"k{k}-s{seed}", k=k, seed=seed)
+    good = tmp_path / "appo.csv"
+    good.write_text("# a comment line\nlabel,k,seeds,lag_mean,final_success,final_success_lo,final_success_hi\n"
+                    "APPO k = 0,0,3,2.5,0.48,0.43,0.54\nAPPO k = 8,8,1,10.4,0.52,,\n")
+    report = write_report([root], tmp_path / "out", references={"APPO": good})
+    assert (tmp_path / "out" / "lag_sensitivity.png").stat().st_size > 0
+    assert "## Beside the reference" in report.markdown.read_text()
+    assert "lag_sensitivity.png" not in {p.name for p in write_report([root], tmp_path / "out0").plots}
+    bad = tmp_path / "bad.csv"
+    bad.write_text("k,success\n0,0.5\n")
+    with pytest.raises(ReportError, match=r"missing \['lag_mean', 'final_success'"):
+        write_report([root], tmp_path / "out1", references={"bad": bad})
+    with pytest.raises(ReportError, match="cannot read"):
+        write_report([root], tmp_path / "out2", references={"gone": tmp_path / "gone.csv"})
+
