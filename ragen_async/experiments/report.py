@@ -364,8 +364,7 @@ class RunSummary:
     @property
     def event(self) -> int | None:
         """The step early warnings are measured against: the first fall or degradation, whichever is earlier."""
-        steps = [x for x in (self.collapse.fell, self.degraded) if x is not None]
-        return min(steps) if steps else None
+        return _first_event(self.collapse, self.degraded)
 
     @property
     def actor_lr_key(self) -> float:
@@ -408,13 +407,17 @@ def _early_late(values: np.ndarray, fraction: float = 0.1) -> tuple[float, float
     return float(values[:n].mean()), float(values[-n:].mean())
 
 
+def _first_event(collapse: Collapse, degraded: int | None) -> int | None:
+    return min((x for x in (collapse.fell, degraded) if x is not None), default=None)
+
+
 def summarize(run: RunData, threshold: float = 0.9, collapse_floor: float = 0.0,
               band: dict[int, float] | None = None) -> RunSummary:
     """One run's numbers; ``band`` (``study.reference_band`` of the k = 0 cell at the run's step size) makes
     degradation measurable."""
     collapse = find_collapse(*run.val_success(), floor=collapse_floor)
     degraded = study.degraded_from(*run.val_success(), band) if band else None
-    event = min((x for x in (collapse.fell, degraded) if x is not None), default=None)
+    event = _first_event(collapse, degraded)
     signals = {sig: run.series(key) for sig, key in SIGNAL_KEYS.items()}
     envs = {tag: _validation(*run.series(f"val/{tag}/success", validation=True), threshold)
             for tag in run.val_envs}
