@@ -15,7 +15,7 @@ directories, sweep directories, or folders holding either) and writes into ``out
 * ``curves_*.png``: validation success, rollout reward, in-group reward std, entropy, gradient norm,
   valid-action rate, behaviour/learner KL and mean staleness against the learner step, one line per run, coloured by ``max_staleness`` (solid
   = bounded, dashed = fixed lag);
-* ``staleness_stability.png``: final validation success and largest gradient norm against k, one
+* ``staleness_stability.png``: final and mean validation success and largest gradient norm against k, one
   marker shape per off-policy correction, each (k, correction, lag) as its mean over seeds with a 95 %
   interval;
 * ``cells_val_success.png``: validation success per cell (mean over seeds, 95 % band) against the
@@ -326,6 +326,9 @@ class RunSummary:
     first_val: float
     final_val: float
     best_val: float
+    mean_val: float
+    """Mean validation success over the validations after the first (the area under the curve, per validation):
+    eight validations averaged vary less across seeds than the last one alone."""
     reached_at: int | None
     staleness_mean: float
     staleness_max: float
@@ -436,6 +439,7 @@ def summarize(run: RunData, threshold: float = 0.9, collapse_floor: float = 0.0,
         off_policy=run.off_policy, actor_lr=run.actor_lr, seed=run.seed, steps=run.last_step, total_steps=total,
         val=envs,
         first_val=overall.first, final_val=overall.final, best_val=overall.best, reached_at=overall.reached_at,
+        mean_val=_nanmean(run.val_success()[1][1:]),
         staleness_mean=_nanmean(run.series("staleness/mean")[1]),
         staleness_max=_nanmax(run.series("staleness/max")[1]),
         grad_norm_max=gmax, grad_norm_max_step=gmax_step, entropy_min=emin, entropy_min_step=emin_step,
@@ -544,7 +548,7 @@ def _csv_rows(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
             "run": s.name, "k": s.k_label, "fixed_lag": s.fixed_lag, "off_policy": s.off_policy,
             "actor_lr": s.actor_lr, "seed": s.seed, "status": s.status, "steps": s.steps,
             "total_steps": s.total_steps, "first_val": s.first_val, "final_val": s.final_val,
-            "best_val": s.best_val, "val_reached": float(s.reached_at is not None), "val_reached_at": s.reached_at,
+            "best_val": s.best_val, "mean_val": s.mean_val, "val_reached": float(s.reached_at is not None), "val_reached_at": s.reached_at,
             "staleness_mean": s.staleness_mean,
             "staleness_max": s.staleness_max, "grad_norm_max": s.grad_norm_max, "entropy_min": s.entropy_min,
             "reward_std_first": s.reward_std_first, "reward_std_last": s.reward_std_last,
@@ -563,6 +567,7 @@ def _csv_rows(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
 
 
 CELL_VALUES = (("final_val", "final val", ".3f", study.UNIT), ("best_val", "best val", ".3f", study.UNIT),
+               ("mean_val", "mean val after step 0", ".3f", study.UNIT),
                ("val_reached", "reached threshold (share)", ".2f", study.SHARE),
                ("val_reached_at", "first step ≥ threshold (runs that reached it)", ".1f", study.POSITIVE),
                ("groups_per_s", "groups/s", ".2f", study.POSITIVE), ("tokens_per_s", "tokens/s", ".0f", study.POSITIVE),
@@ -854,12 +859,14 @@ def plot_cells(runs: Sequence[RunData], summaries: Sequence[RunSummary], out: Pa
 
 
 SUMMARY_PANELS = (("final_val", "final validation success", (0.0, 1.0)),
+                  ("mean_val", "mean validation success after step 0", (0.0, 1.0)),
                   ("grad_norm_max", "max gradient norm", (0.0, math.inf)))
 """The summary plot's panels: attribute, label, and the range its intervals are clipped to."""
 
 
 def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path | None:
-    """Final validation success and largest gradient norm against k: every run as a point, and per
+    """Final validation success, mean validation success after step 0 and largest gradient norm against k:
+    every run as a point, and per
     (correction, lag, step size) the mean over seeds at each k with its 95 % interval, clipped to the
     quantity's range (a success stays in [0, 1], a norm above 0). A marker shape per correction, filled
     for bounded and hollow for fixed lag; the step size is named in the legend where it varies. Finished
@@ -883,8 +890,8 @@ def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path |
     group_color = {c: palette[i % len(palette)] for i, c in enumerate(colors)}
     offsets = {g: (i - (len(groups) - 1) / 2) * 0.06 for i, g in enumerate(groups)}
 
-    fig = Figure(figsize=(10, 4.2), layout="constrained")
-    axes = fig.subplots(1, 2)
+    fig = Figure(figsize=(14, 4.2), layout="constrained")
+    axes = fig.subplots(1, len(SUMMARY_PANELS))
     for ax, (attr, label, (low, high)) in zip(axes, SUMMARY_PANELS, strict=True):
         for group in groups:
             mode, fixed, lr = group
@@ -911,7 +918,7 @@ def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path |
     handles = [Line2D([], [], color=group_color[(m, lr)], marker=MARKERS.get(m, "D"), ls="--" if f else "-",
                       markerfacecolor="none" if f else group_color[(m, lr)], label=legend(m, f, lr))
                for m, f, lr in groups]
-    axes[1].legend(handles=handles, fontsize=8, frameon=False, loc="best")
+    axes[-1].legend(handles=handles, fontsize=8, frameon=False, loc="best")
     return _save(fig, out / "staleness_stability.png")
 
 

@@ -93,7 +93,9 @@ class WarmStartConfig:
 
 WARM_STARTS: dict[str, WarmStartConfig] = {
     "sokoban": WarmStartConfig(env_tag="SimpleSokoban"),
-    "frozen_lake": WarmStartConfig(env_tag="FrozenLake"),
+    # Ten turns: the slippery lake's action budget is ten moves; in five turns of one action the oracle
+    # reaches the goal 0.266 of the time and random play 0.152 (256 validation seeds), in ten 0.488 and 0.223.
+    "frozen_lake": WarmStartConfig(env_tag="FrozenLake", max_turns=10),
 }
 """The named warm starts ``ragen-async make-model --warm-start NAME`` builds (``make specimen``: sokoban)."""
 

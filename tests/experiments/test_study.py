@@ -232,6 +232,8 @@ def test_a_run_degrades_when_it_stays_below_the_synchronous_band_to_its_end(tmp_
     s = {x.name: x for x in report.summaries}
     assert {n: x.degraded for n, x in s.items()} == {"k0-s0": None, "k0-s1": None, "k0-s2": None, "k4": 15,
                                                      "k8": None, "k2": None, "lr": None}
+    # The mean validation success after step 0 (validations at 5, 10, 15, 20: 0.4, 0.5, 0.6, 0.7).
+    assert s["k0-s0"].mean_val == pytest.approx(0.55) and s["k4"].mean_val == pytest.approx((0.41 + 0.51 + 0.4 + 0.4) / 4)
     # The early warnings count against the degradation: the fixture's gradient-norm spike at step 10 leads it by 5.
     assert s["k4"].event == 15 and s["k4"].lead["grad_norm"] == 5 and s["k8"].lead["grad_norm"] is None
     overview = {line.split("|")[1].strip(): line for line in report.markdown.read_text().split("## Cells")[0].splitlines()
