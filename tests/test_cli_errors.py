@@ -43,12 +43,13 @@ def test_report_baseline_must_be_name_equals_success(tmp_path):
 def test_training_the_specimen_without_its_model_names_the_command_that_builds_it(tmp_path, monkeypatch):
     from pathlib import Path
 
-    config = Path("configs/tiny/specimen_sokoban.yaml").resolve()
+    configs = {name: Path(f"configs/tiny/specimen_{name}.yaml").resolve() for name in ("sokoban", "frozen_lake")}
     monkeypatch.chdir(tmp_path)  # no artifacts/ here
-    result = CliRunner().invoke(app, ["train", str(config), f"run_root={tmp_path / 'runs'}"])
-    assert result.exit_code == 2, result.output
-    assert "`ragen-async make-model --warm-start sokoban`" in " ".join(result.output.split()), result.output
-    assert not (tmp_path / "runs").exists()
+    for name, config in configs.items():
+        result = CliRunner().invoke(app, ["train", str(config), f"run_root={tmp_path / 'runs'}"])
+        assert result.exit_code == 2, result.output
+        assert f"`ragen-async make-model --warm-start {name}`" in " ".join(result.output.split()), result.output
+        assert not (tmp_path / "runs").exists()
     result = CliRunner().invoke(app, ["make-model", "--warm-start", "sokobon"])
     assert result.exit_code == 2 and "--warm-start must be one of sokoban, frozen_lake" in result.output, result.output
     result = CliRunner().invoke(app, ["make-model", "--eps", "0.2"])
