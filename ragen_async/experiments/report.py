@@ -353,6 +353,9 @@ class RunSummary:
     (``study.lead_times``)."""
     false_alarms: dict[str, float] = field(default_factory=dict)
     """Per early-warning signal, firings no event followed, per 100 steps (``study.false_alarms``)."""
+    lag_shares: dict[str, float] = field(default_factory=dict)
+    """The realised staleness distribution: per age bucket (``0`` .. ``7``, ``8+`` versions), its share of all
+    the tokens the run trained on (from ``lag/{s}/tokens``)."""
     cell: dict[str, str] = field(default_factory=dict)
     """The run's settings other than its seed (flattened config): runs with equal cells are seeds of one cell."""
 
@@ -410,6 +413,14 @@ def _early_late(values: np.ndarray, fraction: float = 0.1) -> tuple[float, float
     return float(values[:n].mean()), float(values[-n:].mean())
 
 
+def _lag_shares(run: RunData) -> dict[str, float]:
+    buckets = sorted({k.split("/")[1] for r in run.train for k in r if k.startswith("lag/") and k.endswith("/tokens")},
+                     key=lambda b: (b.endswith("+"), int(b.rstrip("+"))))
+    totals = {b: float(run.series(f"lag/{b}/tokens")[1].sum()) for b in buckets}
+    everything = sum(totals.values())
+    return {b: t / everything for b, t in totals.items()} if everything > 0 else {}
+
+
 def _first_event(collapse: Collapse, degraded: int | None) -> int | None:
     return min((x for x in (collapse.fell, degraded) if x is not None), default=None)
 
@@ -450,6 +461,7 @@ def summarize(run: RunData, threshold: float = 0.9, collapse_floor: float = 0.0,
         groups_per_s=_nanmean(run.series("throughput/groups_per_s")[1]),
         collapse=collapse, degraded=degraded,
         lead=study.lead_times(signals, event), false_alarms=study.false_alarms(signals, event),
+        lag_shares=_lag_shares(run),
         cell=run.cell,
     )
 
@@ -531,6 +543,8 @@ def _run_section(run: RunData, s: RunSummary, threshold: float) -> list[str]:
     lines.append("")
     rows = [
         ("staleness mean / max (versions)", f"{_f(s.staleness_mean, '.2f')} / {_f(s.staleness_max, '.0f')}"),
+        ("trained tokens by age (versions)", ", ".join(f"{b}: {100 * v:.0f} %" for b, v in s.lag_shares.items()
+                                                       if v >= 0.005) or MISSING),
         ("max grad norm", _at(s.grad_norm_max, s.grad_norm_max_step, ".3g")),
         ("min entropy", _at(s.entropy_min, s.entropy_min_step, ".3g")),
         ("in-group reward std, first → last 10% of steps", _trend(s.reward_std_first, s.reward_std_last)),
@@ -559,6 +573,7 @@ def _csv_rows(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
             "degraded": float(s.degraded is not None), "degraded_step": s.degraded,
             **{f"lead_{sig}": s.lead.get(sig) for sig in SIGNALS},
             **{f"false_alarms_{sig}": s.false_alarms.get(sig) for sig in SIGNALS},
+            **{f"tokens_lag_{b}": v for b, v in s.lag_shares.items()},
         }
         for env, v in s.val.items():
             row[f"val_{env}_first"], row[f"val_{env}_final"], row[f"val_{env}_best"] = v.first, v.final, v.best

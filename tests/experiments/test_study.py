@@ -262,3 +262,13 @@ def test_the_lag_figure_draws_a_reference_beside_the_runs_and_refuses_a_malforme
     with pytest.raises(ReportError, match="cannot read"):
         write_report([root], tmp_path / "out2", references={"gone": tmp_path / "gone.csv"})
 
+
+
+def test_each_run_reports_its_realised_staleness_distribution(tmp_path, make_run):
+    extra = {step: {"lag/0/tokens": 10.0, "lag/1/tokens": 0.0, "lag/8+/tokens": 30.0 if step > 10 else 0.0}
+             for step in range(1, 21)}
+    make_run(tmp_path / "r", k=None, extra=extra)
+    report = write_report([tmp_path / "r"], tmp_path / "out")
+    assert report.summaries[0].lag_shares == {"0": pytest.approx(0.4), "1": 0.0, "8+": pytest.approx(0.6)}
+    assert "| trained tokens by age (versions) | 0: 40 %, 8+: 60 % |" in report.markdown.read_text()
+    assert "tokens_lag_8+" in report.csv.read_text().splitlines()[0]
