@@ -639,6 +639,51 @@ def _cells_section(summaries: Sequence[RunSummary], collapse_floor: float = 0.0)
     return [*lines, *_table(header, rows), ""]
 
 
+def _against_sync_section(summaries: Sequence[RunSummary]) -> list[str]:
+    """Per step size with a synchronous reference (two or more finished k = 0 runs, bounded, no correction):
+    each other cell's difference from it in mean and final validation success (Welch's 95 % interval), and
+    the trend of both over the bounded uncorrected runs' realised mean staleness."""
+    finished = [s for s in summaries if s.cell and s.finished and s.k_known]
+    lines: list[str] = []
+    for lr in sorted({s.actor_lr_key for s in finished}):
+        at_lr = [s for s in finished if s.actor_lr_key == lr]
+        reference = [s for s in at_lr if s.is_reference]
+        if len(reference) < 2:
+            continue
+        cells: dict[str, list[RunSummary]] = {}
+        for s in at_lr:
+            if not s.is_reference:
+                cells.setdefault("|".join(f"{k}={v}" for k, v in s.cell.items()), []).append(s)
+        rows = []
+        for group in sorted(cells.values(), key=lambda g: (g[0].fixed_lag, g[0].off_policy, g[0].k is None,
+                                                          g[0].k or 0)):
+            s0 = group[0]
+            diffs = [study.welch_difference([getattr(s, a) for s in group], [getattr(r, a) for r in reference])
+                     for a in ("mean_val", "final_val")]
+            rows.append([s0.k_label, s0.lag_label, s0.off_policy, len(group),
+                         _f(float(np.mean([s.staleness_mean for s in group])), ".2f"),
+                         *(study.format_bounds(*d, "+.3f") for d in diffs)])
+        plain = [s for s in at_lr if not s.fixed_lag and s.off_policy == "none"]
+        trends = [study.trend([s.staleness_mean for s in plain], [getattr(s, a) for s in plain])
+                  for a in ("mean_val", "final_val")]
+        step = "" if lr < 0 else f" (actor lr {lr:g})"
+        lines += [f"## Against synchronous training{step}", "",
+                  f"Reference: the {len(reference)} finished runs at k = 0 (bounded, no correction). Per cell, the "
+                  "difference of its mean from the reference's, with Welch's 95 % interval (`study.welch_difference`),"
+                  " of the mean validation success after step 0 and of the final one. Trend: the least-squares slope "
+                  "of each on a run's realised mean staleness over the bounded runs without correction, per version "
+                  "of mean age, with its 95 % interval and p-value (`study.trend`).", ""]
+        lines += _table(["k", "lag", "correction", "runs", "staleness mean", "Δ mean val after step 0", "Δ final val"],
+                        rows) if rows else []
+        for (slope, low, high, p, n), what in zip(trends, ("mean validation success after step 0",
+                                                           "final validation success"), strict=True):
+            if math.isfinite(slope):
+                lines += ["", f"Trend of the {what} on realised mean staleness ({n} runs): {slope:+.4f} per version "
+                          f"[{low:+.4f}, {high:+.4f}], p = {p:.3f}."]
+        lines.append("")
+    return lines
+
+
 def _equal_time_section(runs: Sequence[RunData], summaries: Sequence[RunSummary],
                         throughput: dict[int | None, float]) -> list[str]:
     """The practical answer: per bounded cell whose k has a measured throughput (``--throughput``, groups/s
@@ -1058,6 +1103,7 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
     header = [h.format(t=f"{threshold:g}") for h in OVERVIEW]
     lines += [*_table(header, (_overview_row(s) for s in summaries)), ""]
     lines += _cells_section(summaries, collapse_floor)
+    lines += _against_sync_section(summaries)
     lines += _equal_time_section(runs, summaries, throughput or {})
     if plots:
         lines += ["## Curves", ""]

@@ -15,6 +15,10 @@ online alert and the adaptive staleness bound use the same rules). Here:
   degradation, whichever is earlier.
 * A **false alarm** is a firing that no fall follows within ``horizon`` steps (every firing of a run that
   never fell); :func:`false_alarms` counts them, the report gives them per 100 learner steps.
+* **Against k = 0.** A cell's difference from the synchronous cell is the difference of the means with
+  Welch's 95 % interval (unequal variances, Welch-Satterthwaite degrees of freedom); the **trend** is the
+  least-squares slope of a per-run statistic on the run's realised mean staleness, with its 95 % interval
+  (t with n - 2 degrees of freedom): how much success one version of mean age costs.
 * **Cells.** Runs that differ only in their seed form a cell; a cell reports the mean and the 95 %
   interval half-width ``t(0.975, n - 1) * sd / sqrt(n)`` of each statistic over its seeds (no interval
   with one seed), and where the statistic has a range (a success rate in [0, 1], a rate or a norm above 0)
@@ -33,7 +37,7 @@ from scipy import stats
 
 from ragen_async.collapse import SIGNAL_KEYS, SIGNALS, EarlyWarning
 
-__all__ = ["signal_steps", "reference_band", "degraded_from", "lead_times", "false_alarms", "interval", "error_bar", "t95", "wilson", "bounds",
+__all__ = ["welch_difference", "trend", "signal_steps", "reference_band", "degraded_from", "lead_times", "false_alarms", "interval", "error_bar", "t95", "wilson", "bounds",
            "cell_table", "format_mean_ci", "format_bounds", "SHARE", "UNIT", "POSITIVE"]
 
 
@@ -201,3 +205,37 @@ def format_bounds(mean: float, low: float, high: float, spec: str = ".3f") -> st
     if not math.isfinite(mean):
         return "—"
     return f"{mean:{spec}}" if not math.isfinite(low) else f"{mean:{spec}} [{low:{spec}}, {high:{spec}}]"
+
+
+def welch_difference(values: Sequence[float], reference: Sequence[float]) -> tuple[float, float, float]:
+    """(mean(values) - mean(reference), low, high): Welch's 95 % interval of a difference of means; NaN
+    bounds with fewer than two finite values on a side, and a zero-width interval when both sides are
+    constant."""
+    a = np.asarray([v for v in values if math.isfinite(v)], dtype=float)
+    b = np.asarray([v for v in reference if math.isfinite(v)], dtype=float)
+    if a.size == 0 or b.size == 0:
+        return math.nan, math.nan, math.nan
+    diff = float(a.mean() - b.mean())
+    if a.size < 2 or b.size < 2:
+        return diff, math.nan, math.nan
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    if va + vb == 0:
+        return diff, diff, diff
+    dof = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
+    half = float(stats.t.ppf(0.975, dof)) * math.sqrt(va + vb)
+    return diff, diff - half, diff + half
+
+
+def trend(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, float, float, int]:
+    """(slope, low, high, p, n): the least-squares slope of ``y`` on ``x`` over the pairs where both are
+    finite, its 95 % interval and the two-sided p-value of a zero slope; NaN with fewer than three pairs
+    or no spread in ``x``."""
+    pairs = np.asarray([(a, b) for a, b in zip(x, y, strict=True) if math.isfinite(a) and math.isfinite(b)],
+                       dtype=float).reshape(-1, 2)
+    n = len(pairs)
+    if n < 3 or np.ptp(pairs[:, 0]) == 0:
+        return math.nan, math.nan, math.nan, math.nan, n
+    fit = stats.linregress(pairs[:, 0], pairs[:, 1])
+    half = float(stats.t.ppf(0.975, n - 2)) * float(fit.stderr)
+    return float(fit.slope), float(fit.slope) - half, float(fit.slope) + half, float(fit.pvalue), n
+

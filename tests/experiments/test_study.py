@@ -272,3 +272,30 @@ def test_each_run_reports_its_realised_staleness_distribution(tmp_path, make_run
     assert report.summaries[0].lag_shares == {"0": pytest.approx(0.4), "1": 0.0, "8+": pytest.approx(0.6)}
     assert "| trained tokens by age (versions) | 0: 40 %, 8+: 60 % |" in report.markdown.read_text()
     assert "tokens_lag_8+" in report.csv.read_text().splitlines()[0]
+
+
+def test_differences_from_k0_use_welch_s_interval_and_the_trend_its_slope_interval():
+    ci = stats.ttest_ind([1, 2, 3], [2, 4, 6], equal_var=False).confidence_interval()  # scipy's own
+    assert study.welch_difference([1, 2, 3, math.nan], [2, 4, 6]) == (-2.0, pytest.approx(ci.low), pytest.approx(ci.high))
+    assert study.welch_difference([1.0], [2.0, 3.0])[1:] == (pytest.approx(math.nan, nan_ok=True),) * 2
+    assert study.welch_difference([1.0, 1.0], [2.0, 2.0]) == (-1.0, -1.0, -1.0)
+    # Slope -0.125 per unit, standard error 0.0296, t(0.975, 2) = 4.303: the interval reaches just above 0.
+    slope, low, high, p, n = study.trend([0, 1, 2, 3, math.nan], [1.0, 0.9, 0.85, 0.6, 0.5])
+    assert (slope, n) == (pytest.approx(-0.125), 4) and p == pytest.approx(0.0517, abs=1e-4)
+    assert low == pytest.approx(-0.125 - 4.3027 * 0.02958, abs=1e-4) and high == pytest.approx(0.0023, abs=1e-4)
+    assert math.isnan(study.trend([1, 1, 1], [0.1, 0.2, 0.3])[0])
+
+
+def test_the_report_compares_each_cell_with_synchronous_training(tmp_path, make_run):
+    root = tmp_path / "runs"
+    for seed, offset in enumerate((0.0, 0.01, 0.02)):
+        make_run(root / f"k0-s{seed}", k=0, seed=seed, val_curve=lambda st, tot, o=offset: 0.3 + o + 0.02 * st)
+        make_run(root / f"k4-s{seed}", k=4, seed=seed, val_curve=lambda st, tot, o=offset: 0.25 + o + 0.02 * st)
+    md = write_report([root], tmp_path / "out").markdown.read_text()
+    section = md.split("## Against synchronous training")[1].split("\n## ")[0]
+    row = next(line for line in section.splitlines() if line.startswith("| 4 |"))
+    # Every validation 0.05 lower, the seeds 0.01 apart on both sides: mean vals 0.50-0.52 against 0.55-0.57.
+    ci = stats.ttest_ind([0.50, 0.51, 0.52], [0.55, 0.56, 0.57], equal_var=False).confidence_interval()
+    expected = f"-0.050 [{ci.low:+.3f}, {ci.high:+.3f}]"
+    assert row.endswith(f"| {expected} | {expected} |"), row
+    assert "Trend of the mean validation success after step 0 on realised mean staleness (6 runs)" in section
