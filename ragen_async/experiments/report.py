@@ -854,7 +854,11 @@ def plot_curves(runs: Sequence[RunData], out: Path, smooth: int = 1,
 
 
 def _cell_label(cell: dict[str, str], varying: Sequence[str]) -> str:
-    return ", ".join(f"{k.rsplit('.', 1)[-1]}={cell.get(k, MISSING)}" for k in varying) or "all runs"
+    def value(key: str) -> str:
+        text = cell.get(key, MISSING)
+        return "∞" if key == "staleness.max_staleness" and text == "None" else text
+
+    return ", ".join(f"{k.rsplit('.', 1)[-1]}={value(k)}" for k in varying) or "all runs"
 
 
 def val_success_vs_time(run: RunData) -> tuple[np.ndarray, np.ndarray]:
