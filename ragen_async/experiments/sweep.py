@@ -177,6 +177,7 @@ class SweepSpec:
             raise SweepError(f"{where}: unknown key(s) {unknown}; a spec has {list(SPEC_KEYS)}")
         if "base" not in data:
             raise SweepError(f"{where}: missing 'base' (the config file every run starts from)")
+
         def config_file(value: Any, what: str) -> Path:
             path = Path(str(value))
             if not path.is_absolute() and origin is not None:
