@@ -148,8 +148,9 @@ def _frames(hop: str, group: TrajectoryGroup, secret: bytes) -> list:
 
 
 def _cpu_s(pid: int) -> float:
-    """CPU seconds used so far by all threads of process ``pid``: Linux's scheduler counts (nanoseconds),
-    elsewhere psutil's user + system time (clock ticks)."""
+    """CPU seconds used so far by the threads of process ``pid``: on Linux the scheduler counts of its live
+    threads (nanoseconds; a thread that ends takes its time with it, so a delta is exact only over an
+    interval in which no thread of ``pid`` ends), elsewhere psutil's user + system time (clock ticks)."""
     tasks = Path(f"/proc/{pid}/task")
     if not tasks.is_dir():
         import psutil
