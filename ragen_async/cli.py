@@ -9,12 +9,14 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ragen_async.config import ModelConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -590,6 +592,21 @@ def sweep(
         raise typer.Exit(1)
 
 
+def _pairs(items: list[str] | None, option: str, expected: str, key: Callable[[str], Any],
+           value: Callable[[str], Any]) -> dict[Any, Any]:
+    """Parse repeated ``KEY=VALUE`` options; a converter's ValueError fails the command naming the option."""
+    parsed: dict[Any, Any] = {}
+    for item in items or []:
+        left, sep, right = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError("no '='")
+            parsed[key(left)] = value(right)
+        except ValueError:
+            _fail(f"{option} {item!r}: expected {expected}")
+    return parsed
+
+
 @app.command()
 def report(
     paths: Annotated[list[Path], typer.Argument(help="run directories, sweep directories, or folders of runs")],
@@ -612,32 +629,22 @@ def report(
     from ragen_async.experiments.bench import parse_k
     from ragen_async.experiments.report import ReportError, write_report
 
-    baselines: dict[str, float] = {}
-    for item in baseline or []:
-        name, sep, value = item.partition("=")
-        try:
-            baselines[name.strip()] = float(value)
-        except ValueError:
-            sep = ""
-        if not sep or not name.strip():
-            _fail(f"--baseline {item!r}: expected NAME=SUCCESS, e.g. random=0.211")
-    rates: dict[int | None, float] = {}
-    for item in throughput or []:
-        k, sep, value = item.partition("=")
-        try:
-            rates[parse_k(k)] = float(value)
-            ok = bool(sep) and 0 < rates[parse_k(k)] < math.inf
-        except ValueError:
-            ok = False
-        if not ok:
-            _fail(f"--throughput {item!r}: expected K=GROUPS_PER_S with K an integer >= 0 or inf and a rate > 0, "
-                  "e.g. 0=1.25 or inf=2.26")
-    references: dict[str, str] = {}
-    for item in reference or []:
-        name, sep, path = item.partition("=")
-        if not sep or not name.strip() or not path.strip():
-            _fail(f"--reference {item!r}: expected NAME=CSV, e.g. 'RLlib APPO=studies/rllib_appo/cells.csv'")
-        references[name.strip()] = path.strip()
+    def name(text: str) -> str:
+        if not text.strip():
+            raise ValueError("empty name")
+        return text.strip()
+
+    def rate(text: str) -> float:
+        value = float(text)
+        if not 0 < value < math.inf:
+            raise ValueError("rate must be > 0")
+        return value
+
+    baselines = _pairs(baseline, "--baseline", "NAME=SUCCESS, e.g. random=0.211", name, float)
+    rates = _pairs(throughput, "--throughput", "K=GROUPS_PER_S with K an integer >= 0 or inf and a rate > 0, "
+                   "e.g. 0=1.25 or inf=2.26", parse_k, rate)
+    references = _pairs(reference, "--reference", "NAME=CSV, e.g. 'RLlib APPO=studies/rllib_appo/cells.csv'",
+                        name, name)
     target = out if out is not None else (paths[0] / "report" if len(paths) == 1 else Path("report"))
     try:
         result = write_report(paths, target, threshold=threshold, smooth=smooth, baselines=baselines,

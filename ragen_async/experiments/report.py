@@ -38,8 +38,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
+from pydantic import ValidationError
 
 from ragen_async.collapse import SIGNAL_KEYS, SIGNALS, Collapse, find_collapse
+from ragen_async.config import EnvGroupSpec
 from ragen_async.experiments import study
 
 if TYPE_CHECKING:
@@ -168,6 +170,15 @@ class RunData:
     @property
     def off_policy(self) -> str:
         return str(_lookup(self.config, "algo.off_policy", "none"))
+
+    @property
+    def groups_per_step(self) -> int:
+        """Groups a learner step consumes (``RolloutConfig.groups_per_step``); 0 where the config does not say
+        or its environments do not validate."""
+        try:
+            return sum(EnvGroupSpec.model_validate(env).n_groups for env in _lookup(self.config, "rollout.envs") or [])
+        except (ValidationError, TypeError):
+            return 0
 
     @property
     def actor_lr(self) -> float:
@@ -358,6 +369,11 @@ class RunSummary:
     the tokens the run trained on (from ``lag/{s}/tokens``)."""
     cell: dict[str, str] = field(default_factory=dict)
     """The run's settings other than its seed (flattened config): runs with equal cells are seeds of one cell."""
+
+    @property
+    def cell_key(self) -> str:
+        """The cell as one string (``name=value|...``): the key seeds of one cell share."""
+        return "|".join(f"{k}={v}" for k, v in self.cell.items())
 
     @property
     def k_label(self) -> str:
@@ -653,7 +669,7 @@ def _against_sync_section(summaries: Sequence[RunSummary]) -> list[str]:
         cells: dict[str, list[RunSummary]] = {}
         for s in at_lr:
             if not s.is_reference:
-                cells.setdefault("|".join(f"{k}={v}" for k, v in s.cell.items()), []).append(s)
+                cells.setdefault(s.cell_key, []).append(s)
         rows = []
         for group in sorted(cells.values(), key=lambda g: (g[0].fixed_lag, g[0].off_policy, g[0].k is None,
                                                           g[0].k or 0)):
@@ -695,13 +711,12 @@ def _equal_time_section(runs: Sequence[RunData], summaries: Sequence[RunSummary]
     members: dict[str, list[tuple[RunData, RunSummary]]] = {}
     for run, s in zip(runs, summaries, strict=True):
         if s.cell and s.finished and s.k_known and not s.fixed_lag and s.k in throughput and run.val_success()[0].size:
-            members.setdefault("|".join(f"{k}={v}" for k, v in s.cell.items()), []).append((run, s))
+            members.setdefault(s.cell_key, []).append((run, s))
     if not members:
         return []
 
     def minutes_per_step(run: RunData, s: RunSummary) -> float:
-        groups = sum(int(env.get("n_groups", 0)) for env in _lookup(run.config, "rollout.envs", []) or [])
-        return max(groups, 1) / throughput[s.k] / 60.0
+        return max(run.groups_per_step, 1) / throughput[s.k] / 60.0
 
     budget = {key: max(r.last_step for r, _ in group) * minutes_per_step(*group[0]) for key, group in members.items()}
     equal = min(budget.values())
@@ -887,9 +902,8 @@ def plot_cells(runs: Sequence[RunData], summaries: Sequence[RunSummary], out: Pa
     labels: dict[str, dict[str, str]] = {}
     for run, s in zip(runs, summaries, strict=True):
         if s.cell and s.finished and run.val_success()[0].size >= 2:
-            key = "|".join(f"{k}={v}" for k, v in s.cell.items())
-            cells.setdefault(key, []).append(run)
-            labels[key] = s.cell
+            cells.setdefault(s.cell_key, []).append(run)
+            labels[s.cell_key] = s.cell
     if not cells:
         return None
     varying = [k for k in dict.fromkeys(k for c in labels.values() for k in c)
