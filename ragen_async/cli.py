@@ -314,24 +314,27 @@ def bench_pipeline_cmd(
     k: Annotated[list[str] | None, typer.Option("--k", help="staleness bounds, inf = unbounded (repeatable)")] = None,
     steps: Annotated[int, typer.Option(help="learner steps per run")] = 8,
     warmup: Annotated[int, typer.Option(help="steps excluded from the rates")] = 2,
-    mode: Annotated[list[str] | None, typer.Option(help="pinned and/or unpinned")] = None,
+    mode: Annotated[list[str] | None, typer.Option(
+        help="pinned (disjoint CPU sets), unpinned (shared, same threads) and/or config (the config's own "
+        "placement); default pinned and unpinned")] = None,
     out: Annotated[Path | None, typer.Option(help="append the table to this markdown file")] = None,
 ) -> None:
-    """Throughput vs staleness k under runtime: ray, pinned (disjoint CPU sets) and unpinned."""
+    """Throughput vs staleness k under runtime: ray, pinned (disjoint CPU sets), unpinned or as configured."""
     _setup_logging()
-    from ragen_async.experiments.bench import bench_pipeline, parse_k
+    from ragen_async.experiments.bench import bench_pipeline, parse_k, parse_mode
 
     try:
         ks = [parse_k(x) for x in k] if k else [0, 1, 2, 4]
+        modes = [parse_mode(m) for m in mode or ["pinned", "unpinned"]]
     except ValueError as e:
         _fail(str(e))
-    modes = mode or ["pinned", "unpinned"]
     cmd = "ragen-async bench pipeline " + " ".join([str(config), *(overrides or [])]
                                                    + [f"--k {'inf' if x is None else x}" for x in ks]
                                                    + [f"--mode {m}" for m in modes])
     rows, table = bench_pipeline(config, overrides or [], ks, steps, warmup, modes)
     _print_bench("Pipeline benchmark", f"{cmd} --steps {steps} --warmup {warmup}",
-                 "pinned = rollout actors+engines and learner ranks on disjoint CPU sets; unpinned = shared.", table, out)
+                 "pinned = rollout actors+engines and learner ranks on disjoint CPU sets; unpinned = shared, same "
+                 "thread counts; config = the config's own CPU sets and thread counts.", table, out)
 
 
 def _cpu_list(cpus: tuple[int, ...]) -> str:

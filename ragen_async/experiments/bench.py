@@ -8,7 +8,9 @@ perfect overlap of generation and training could gain over running them one afte
 That bound assumes generation and training do not slow each other down. When both sides share
 the same cores it is meaningless, so every mode is run *pinned* (rollout actors and their engines
 on one CPU set, learner ranks on a disjoint one, thread counts matched) and, for comparison,
-*unpinned*. A benchmark measures; nothing here asserts a speed.
+*unpinned* (the same thread counts, no CPU sets). *config* keeps the config's own placement (CPU
+sets and thread counts): what a run of that config gets, e.g. the study's k = 0 runs, whose two
+sides take turns on both cores. A benchmark measures; nothing here asserts a speed.
 """
 
 from __future__ import annotations
@@ -82,23 +84,34 @@ def k_label(k: int | None) -> str:
     return "∞" if k is None else str(k)
 
 
-def bench_config(base: RunConfig, k: int | None, pinned: bool, steps: int, cpus: list[int]) -> RunConfig:
-    rollout_cpus, learner_cpus = split_cpus(cpus)
+MODES = ("pinned", "unpinned", "config")
+"""Placements ``bench pipeline`` measures (module docstring)."""
+
+
+def parse_mode(text: str) -> str:
+    """A placement as the command line gives it: one of :data:`MODES`."""
+    if text not in MODES:
+        raise ValueError(f"--mode {text!r}: expected one of {', '.join(MODES)}")
+    return text
+
+
+def bench_config(base: RunConfig, k: int | None, mode: str, steps: int, cpus: list[int]) -> RunConfig:
     data = base.model_dump()
-    data.update(runtime="ray", total_steps=steps,
-                name=f"bench-k{'inf' if k is None else k}-{'pinned' if pinned else 'unpinned'}")
+    data.update(runtime="ray", total_steps=steps, name=f"bench-k{'inf' if k is None else k}-{parse_mode(mode)}")
     data["validation"]["every"] = 0
     data["staleness"] = {"max_staleness": k, "fixed_lag": False}
     data["logging"]["console"] = False
-    data["rollout"]["cpu_affinity"] = rollout_cpus if pinned else None
-    data["learner"]["cpu_affinity"] = learner_cpus if pinned else None
-    # Matched thread budgets in both modes, so pinning is the only difference.
-    data["rollout"]["cpus_per_worker"] = float(len(rollout_cpus)) / data["rollout"]["num_workers"]
-    data["learner"]["torch_threads"] = max(1, len(learner_cpus) // data["learner"]["num_ranks"])
+    if mode != "config":
+        rollout_cpus, learner_cpus = split_cpus(cpus)
+        data["rollout"]["cpu_affinity"] = rollout_cpus if mode == "pinned" else None
+        data["learner"]["cpu_affinity"] = learner_cpus if mode == "pinned" else None
+        # Matched thread budgets in both modes, so pinning is the only difference.
+        data["rollout"]["cpus_per_worker"] = float(len(rollout_cpus)) / data["rollout"]["num_workers"]
+        data["learner"]["torch_threads"] = max(1, len(learner_cpus) // data["learner"]["num_ranks"])
     return RunConfig.model_validate(data)
 
 
-def run_one(cfg: RunConfig, warmup_steps: int) -> BenchRow:
+def run_one(cfg: RunConfig, mode: str, warmup_steps: int) -> BenchRow:
     from ragen_async.orchestrator import train
 
     t0 = time.perf_counter()
@@ -110,7 +123,7 @@ def run_one(cfg: RunConfig, warmup_steps: int) -> BenchRow:
     groups = cfg.rollout.groups_per_step * len(measured)
     tokens = sum(r.get("learner/num_tokens", 0.0) for r in measured)
     return BenchRow(
-        mode="pinned" if cfg.rollout.cpu_affinity else "unpinned",
+        mode=mode,
         k=cfg.staleness.max_staleness,
         groups_per_s=groups / max(elapsed, 1e-9),
         learner_tokens_per_s=tokens / max(elapsed, 1e-9),
@@ -132,7 +145,7 @@ def overlap_bound(k0: BenchRow) -> float:
 def format_table(rows: list[BenchRow]) -> str:
     lines = ["| mode | k | groups/s | learner tok/s | rollout idle | learner idle | mean staleness | "
              "× k=0 | overlap bound (k=0) |", "|---|---|---|---|---|---|---|---|---|"]
-    for mode in ("pinned", "unpinned"):
+    for mode in MODES:
         mode_rows = [r for r in rows if r.mode == mode]
         base = next((r for r in mode_rows if r.k == 0), None)
         for r in mode_rows:
@@ -152,8 +165,6 @@ def bench_pipeline(config: Path, overrides: list[str], ks: list[int | None], ste
                    modes: list[str]) -> tuple[list[BenchRow], str]:
     base = load_config(config, overrides)
     cpus = sorted(os.sched_getaffinity(0))
-    rows = []
-    for mode in modes:
-        for k in ks:
-            rows.append(run_one(bench_config(base, k, mode == "pinned", steps, cpus), warmup_steps))
+    configs = [(mode, bench_config(base, k, mode, steps, cpus)) for mode in modes for k in ks]
+    rows = [run_one(cfg, mode, warmup_steps) for mode, cfg in configs]
     return rows, format_table(rows)

@@ -17,14 +17,16 @@ def test_k_is_an_integer_or_inf():
             parse_k(bad)
     result = CliRunner().invoke(app, ["bench", "pipeline", "--k", "-2"])
     assert result.exit_code == 2 and "--k '-2'" in result.output, result.output
+    result = CliRunner().invoke(app, ["bench", "pipeline", "--mode", "shared"])
+    assert result.exit_code == 2 and "--mode 'shared': expected one of pinned, unpinned, config" in result.output
 
 
 def test_an_unbounded_run_is_benched_and_labelled_unbounded():
     base = load_config("configs/tiny/study_specimen.yaml")
-    cfg = bench_config(base, None, pinned=True, steps=8, cpus=[0, 1])
+    cfg = bench_config(base, None, "pinned", steps=8, cpus=[0, 1])
     assert cfg.staleness.max_staleness is None and cfg.name == "bench-kinf-pinned"
     assert cfg.rollout.cpu_affinity == [0] and cfg.learner.cpu_affinity == [1] and cfg.validation.every == 0
-    assert bench_config(base, 0, pinned=False, steps=8, cpus=[0, 1]).staleness.max_staleness == 0
+    assert bench_config(base, 0, "unpinned", steps=8, cpus=[0, 1]).staleness.max_staleness == 0
 
     def row(k, groups_per_s):
         return BenchRow("pinned", k, groups_per_s, 1000.0, 0.1, 0.2, 0.0 if k == 0 else 3.0, 1.0, 1.0, 6, 60.0)
@@ -32,3 +34,17 @@ def test_an_unbounded_run_is_benched_and_labelled_unbounded():
     lines = format_table([row(0, 1.0), row(None, 2.5)]).splitlines()
     assert lines[2].startswith("| pinned | 0 | 1.000 |") and lines[2].endswith("| 1.00 | 2.00 |")
     assert lines[3].startswith("| pinned | ∞ | 2.500 |") and "| 2.50 |" in lines[3]
+
+
+def test_config_mode_keeps_the_configs_placement():
+    """The study's k = 0 runs let both sides use both cores (two threads each); ``--mode config`` measures
+    that placement, ``unpinned`` gives each side one thread, ``pinned`` one core each."""
+    base = load_config("configs/tiny/study_specimen.yaml")
+    shared = bench_config(base, 0, "config", steps=8, cpus=[0, 1])
+    assert shared.name == "bench-k0-config" and shared.rollout.cpu_affinity is None
+    assert (shared.rollout.cpus_per_worker, shared.learner.torch_threads) == (base.rollout.cpus_per_worker,
+                                                                              base.learner.torch_threads) == (2, 2)
+    split = bench_config(load_config("configs/tiny/study_specimen_split.yaml"), 2, "config", steps=8, cpus=[0, 1])
+    assert (split.rollout.cpu_affinity, split.learner.cpu_affinity, split.learner.torch_threads) == ([0], [1], 1)
+    unpinned = bench_config(base, 0, "unpinned", steps=8, cpus=[0, 1])
+    assert (unpinned.rollout.cpus_per_worker, unpinned.learner.torch_threads) == (1, 1)
