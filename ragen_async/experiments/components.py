@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ragen_async.experiments.bench import split_cpus
+from ragen_async.experiments.cputime import process_cpu_s
 from ragen_async.protocol import NO_VERSION, Trajectory, TrajectoryGroup, TurnRecord
 
 
@@ -147,19 +148,6 @@ def _frames(hop: str, group: TrajectoryGroup, secret: bytes) -> list:
     return [bytes(f) for f in encode(shard, secret)]
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds used so far by the threads of process ``pid``: on Linux the scheduler counts of its live
-    threads (nanoseconds; a thread that ends takes its time with it, so a delta is exact only over an
-    interval in which no thread of ``pid`` ends), elsewhere psutil's user + system time (clock ticks)."""
-    tasks = Path(f"/proc/{pid}/task")
-    if not tasks.is_dir():
-        import psutil
-
-        times = psutil.Process(pid).cpu_times()
-        return times.user + times.system
-    return sum(int((task / "schedstat").read_text().split()[0]) for task in tasks.iterdir()) / 1e9
-
-
 def _affinity(pid: int) -> tuple[int, ...]:
     """The CPUs process ``pid`` (0: this one) may run on; empty where the OS does not say (macOS)."""
     return tuple(sorted(os.sched_getaffinity(pid))) if hasattr(os, "sched_getaffinity") else ()
@@ -232,7 +220,8 @@ def _transport_run(hop: str, path: str, shape: GroupShape, n: int, sender_cpus: 
     if not ready.wait(300):
         raise RuntimeError("transport benchmark: the sender process did not start within 300 s")
     cpus = (_affinity(proc.pid), _affinity(0))
-    t0, sender0, receiver0, thread0 = time.perf_counter(), _cpu_s(proc.pid), _cpu_s(os.getpid()), time.thread_time()
+    t0, sender0, receiver0 = time.perf_counter(), process_cpu_s(proc.pid), process_cpu_s()
+    thread0 = time.thread_time()
     go.set()
     for i in range(n):
         if path == "project":
@@ -247,7 +236,7 @@ def _transport_run(hop: str, path: str, shape: GroupShape, n: int, sender_cpus: 
             sock.recv_multipart(copy=False)
     seconds = time.perf_counter() - t0
     thread_cpu = time.thread_time() - thread0
-    sender_cpu, receiver_cpu = _cpu_s(proc.pid) - sender0, _cpu_s(os.getpid()) - receiver0
+    sender_cpu, receiver_cpu = process_cpu_s(proc.pid) - sender0, process_cpu_s() - receiver0
     done.set()
     proc.join(30)
     (receiver if path == "project" else sock).close()

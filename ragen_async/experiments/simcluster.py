@@ -49,6 +49,7 @@ import numpy as np
 import ray
 
 from ragen_async.config import RunConfig
+from ragen_async.experiments.cputime import process_cpu_s
 from ragen_async.experiments.simprofile import DEFAULT_PROFILE, Profile, load_profile
 from ragen_async.inference.base import Generation, InferenceEngine, SamplingConfig
 from ragen_async.learner.learner import TrainResult
@@ -245,16 +246,6 @@ class SimRolloutWorker(RolloutWorker):
 
 
 # ---- the stand-in rollout actors and learner, as Ray actors -----------------------------------
-
-
-def _cpu_s(pid: int | None = None) -> float:
-    """CPU seconds (user + system) of process ``pid`` (this process if None), from /proc."""
-    if pid is None:
-        r = resource.getrusage(resource.RUSAGE_SELF)
-        return r.ru_utime + r.ru_stime
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class ActorHost:
@@ -525,7 +516,8 @@ class SimRuntime(RayRuntime):
 
     def cpu_s(self) -> tuple[float, float, float]:
         """CPU seconds so far of (the gate actor, the actor hosts together, the learner stand-in)."""
-        return (_cpu_s(self.pids["gate"]), sum(_cpu_s(p) for p in self.pids["hosts"]), _cpu_s(self.pids["learner"]))
+        return (process_cpu_s(self.pids["gate"]), sum(process_cpu_s(p) for p in self.pids["hosts"]),
+                process_cpu_s(self.pids["learner"]))
 
     def admission_calls(self) -> tuple[np.ndarray, np.ndarray]:
         """Every host's admission calls (monotonic start, duration s, indices got) and pings (start, s)."""
@@ -633,7 +625,7 @@ def run_cluster(spec: ClusterSpec, steps: int = 10, warmup: int = 3) -> ClusterR
                 records.append(dict(record))
                 if int(record["learner/step"]) in (warmup, warmup + steps):
                     busy, _ = _proc_stat_busy()
-                    marks.append((time.perf_counter(), _cpu_s(), *runtime.cpu_s(), busy, time.monotonic()))
+                    marks.append((time.perf_counter(), process_cpu_s(), *runtime.cpu_s(), busy, time.monotonic()))
 
         try:
             trainer = Trainer(cfg, RunDir.create(cfg), Sink(), runtime)

@@ -1,10 +1,10 @@
 """The component benchmarks run end to end on small inputs (they measure; nothing here times them)."""
 
 import os
+import time
 
 import torch
 
-from ragen_async.experiments import components
 from ragen_async.experiments.bench import split_cpus
 from ragen_async.experiments.components import (
     HOPS,
@@ -68,21 +68,37 @@ def test_transport_table_pairs_each_project_run_with_the_raw_run_after_it():
                     f"| 0.75 ± {half:.2f} (3) | 2,500 / 5,000 (1,250) | 2,500 / 5,000 (1,250) |")
 
 
-def test_process_cpu_time_without_proc_comes_from_psutil(monkeypatch):
+def test_process_cpu_time_keeps_the_time_of_threads_that_ended(monkeypatch):
+    """A delta charges the process for a thread that ran and ended within it (summing the live threads'
+    scheduler counts, the earlier Linux path, lost that time and drifted from psutil's total)."""
+    import threading
+
     import psutil
+
+    from ragen_async.experiments import cputime
+
+    spent: list[float] = []
+
+    def burn() -> None:
+        start = time.thread_time()
+        while time.thread_time() - start < 0.2:
+            pass
+        spent.append(time.thread_time() - start)
+
+    before = cputime.process_cpu_s(os.getpid())
+    worker = threading.Thread(target=burn)
+    worker.start()
+    worker.join()
+    assert cputime.process_cpu_s(os.getpid()) - before >= spent[0] >= 0.2
+    assert abs(cputime.process_cpu_s() - cputime.process_cpu_s(os.getpid())) < 0.05  # this process, two ways
 
     def psutil_s() -> float:
         times = psutil.Process(os.getpid()).cpu_times()
         return times.user + times.system
 
-    assert components._cpu_s(os.getpid()) > 0  # Linux: the live threads' scheduler counts
-    monkeypatch.setattr(components.Path, "is_dir", lambda self: False)  # as on macOS: no /proc
-    before = psutil_s()
-    elsewhere = components._cpu_s(os.getpid())
-    after = psutil_s()
-    # psutil's process total, read between two direct readings (the two Linux paths do not agree exactly:
-    # the scheduler counts sum the threads alive now, the process total keeps the time of ended ones).
-    assert 0 < before <= elsewhere <= after
+    monkeypatch.setattr(cputime.sys, "platform", "darwin")  # elsewhere: psutil's process total
+    low, value, high = psutil_s(), cputime.process_cpu_s(os.getpid()), psutil_s()
+    assert 0 < low <= value <= high
 
 
 def test_weights_bench_syncs_both_ways():
