@@ -14,10 +14,10 @@ directories, sweep directories, or folders holding either) and writes into ``out
 * ``summary.csv``: the overview as numbers (fall and collapse steps, lead times, false alarms), for analysis;
 * ``curves_*.png``: validation success, rollout reward, in-group reward std, entropy, gradient norm,
   valid-action rate, behaviour/learner KL and mean staleness against the learner step, one line per run, coloured by ``max_staleness`` (solid
-  = bounded, dashed = fixed lag);
+  = bounded, dashed = fixed lag, dotted = adaptive bound);
 * ``staleness_stability.png``: final and mean validation success and largest gradient norm against k, one
-  marker shape per off-policy correction, each (k, correction, lag) as its mean over seeds with a 95 %
-  interval;
+  marker shape per off-policy correction (filled: bounded; hollow: fixed lag or adaptive bound), each
+  (k, correction, lag, step size) as its mean over seeds with a 95 % interval;
 * ``cells_val_success.png``: validation success per cell (mean over seeds, 95 % band) against the
   learner step and against training wall-clock.
 
@@ -164,8 +164,12 @@ class RunData:
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     @property
-    def fixed_lag(self) -> bool:
-        return bool(_lookup(self.config, "staleness.fixed_lag", False))
+    def lag(self) -> str:
+        """How staleness is set: ``bounded`` (at most k), ``fixed`` (exactly k) or ``adaptive`` (a bound
+        that moves, ``staleness.adaptive``)."""
+        if _lookup(self.config, "staleness.fixed_lag", False):
+            return "fixed"
+        return "adaptive" if _lookup(self.config, "staleness.adaptive", False) else "bounded"
 
     @property
     def off_policy(self) -> str:
@@ -328,7 +332,8 @@ class RunSummary:
     status: str
     k: int | None
     k_known: bool
-    fixed_lag: bool
+    lag: str
+    """``bounded``, ``fixed`` or ``adaptive`` (``RunData.lag``)."""
     off_policy: str
     seed: Any
     steps: int
@@ -381,7 +386,12 @@ class RunSummary:
 
     @property
     def lag_label(self) -> str:
-        return "fixed" if self.fixed_lag else "bounded"
+        return self.lag
+
+    @property
+    def plain(self) -> bool:
+        """Bounded, uncorrected: the runs the staleness trend is fitted on."""
+        return self.lag == "bounded" and self.off_policy == "none"
 
     @property
     def event(self) -> int | None:
@@ -396,7 +406,7 @@ class RunSummary:
     @property
     def is_reference(self) -> bool:
         """A synchronous run of the plain objective: what degradation is measured against."""
-        return self.k == 0 and self.k_known and not self.fixed_lag and self.off_policy == "none" and self.finished
+        return self.k == 0 and self.k_known and self.plain and self.finished
 
     @property
     def finished(self) -> bool:
@@ -462,7 +472,7 @@ def summarize(run: RunData, threshold: float = 0.9, collapse_floor: float = 0.0,
                             else "complete" if total is not None and run.last_step >= total
                             else "time budget" if run.budget_spent else "partial")
     return RunSummary(
-        name=run.name, status=status, k=run.k, k_known=run.has_config, fixed_lag=run.fixed_lag,
+        name=run.name, status=status, k=run.k, k_known=run.has_config, lag=run.lag,
         off_policy=run.off_policy, actor_lr=run.actor_lr, seed=run.seed, steps=run.last_step, total_steps=total,
         val=envs,
         first_val=overall.first, final_val=overall.final, best_val=overall.best, reached_at=overall.reached_at,
@@ -575,7 +585,7 @@ def _csv_rows(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
     rows = []
     for s in summaries:
         row: dict[str, Any] = {
-            "run": s.name, "k": s.k_label, "fixed_lag": s.fixed_lag, "off_policy": s.off_policy,
+            "run": s.name, "k": s.k_label, "lag": s.lag, "off_policy": s.off_policy,
             "actor_lr": s.actor_lr, "seed": s.seed, "status": s.status, "steps": s.steps,
             "total_steps": s.total_steps, "first_val": s.first_val, "final_val": s.final_val,
             "best_val": s.best_val, "mean_val": s.mean_val, "val_reached": float(s.reached_at is not None), "val_reached_at": s.reached_at,
@@ -671,7 +681,7 @@ def _against_sync_section(summaries: Sequence[RunSummary]) -> list[str]:
             if not s.is_reference:
                 cells.setdefault(s.cell_key, []).append(s)
         rows = []
-        for group in sorted(cells.values(), key=lambda g: (g[0].fixed_lag, g[0].off_policy, g[0].k is None,
+        for group in sorted(cells.values(), key=lambda g: (LAGS.index(g[0].lag), g[0].off_policy, g[0].k is None,
                                                           g[0].k or 0)):
             s0 = group[0]
             diffs = [study.welch_difference([getattr(s, a) for s in group], [getattr(r, a) for r in reference])
@@ -679,7 +689,7 @@ def _against_sync_section(summaries: Sequence[RunSummary]) -> list[str]:
             rows.append([s0.k_label, s0.lag_label, s0.off_policy, len(group),
                          _f(float(np.mean([s.staleness_mean for s in group])), ".2f"),
                          *(study.format_bounds(*d, "+.3f") for d in diffs)])
-        plain = [s for s in at_lr if not s.fixed_lag and s.off_policy == "none"]
+        plain = [s for s in at_lr if s.plain]
         trends = [study.trend([s.staleness_mean for s in plain], [getattr(s, a) for s in plain])
                   for a in ("mean_val", "final_val")]
         step = "" if lr < 0 else f" (actor lr {lr:g})"
@@ -710,7 +720,7 @@ def _equal_time_section(runs: Sequence[RunData], summaries: Sequence[RunSummary]
 
     members: dict[str, list[tuple[RunData, RunSummary]]] = {}
     for run, s in zip(runs, summaries, strict=True):
-        if s.cell and s.finished and s.k_known and not s.fixed_lag and s.k in throughput and run.val_success()[0].size:
+        if s.cell and s.finished and s.k_known and s.lag == "bounded" and s.k in throughput and run.val_success()[0].size:
             members.setdefault(s.cell_key, []).append((run, s))
     if not members:
         return []
@@ -759,6 +769,10 @@ CURVES = (
 LOG_CURVES = frozenset({"grad_norm", "k3_mismatch"})
 """Curves drawn on a log scale when positive and spanning more than a factor of 50."""
 MARKERS = {"none": "o", "tis": "s", "decoupled": "^"}
+"""A marker per correction (``algo.off_policy``)."""
+LAGS = ("bounded", "fixed", "adaptive")
+LINESTYLES = {"bounded": "-", "fixed": "--", "adaptive": ":"}
+LAG_NAMES = {"bounded": "bounded", "fixed": "fixed lag", "adaptive": "adaptive bound"}
 MAX_RUN_LEGEND = 12
 
 
@@ -811,9 +825,9 @@ def _legend(ax, runs: Sequence[RunData], colors: dict[Any, Any]) -> None:
         return
     handles = [Line2D([], [], color=_color(r, colors), label=f"k = {_k_text(r)}")
                for r in {_k_text(r): r for r in runs}.values()]
-    if len({r.fixed_lag for r in runs}) > 1:
-        handles += [Line2D([], [], color="0.3", ls="-", label="bounded"),
-                    Line2D([], [], color="0.3", ls="--", label="fixed lag")]
+    if len({r.lag for r in runs}) > 1:
+        handles += [Line2D([], [], color="0.3", ls=LINESTYLES[lag], label=LAG_NAMES[lag])
+                    for lag in LAGS if any(r.lag == lag for r in runs)]
     handles += [line for line in ax.get_lines() if line.get_gid() == "baseline"]
     ax.legend(handles=handles, fontsize=7, frameon=False, loc="best")
 
@@ -849,7 +863,7 @@ def plot_curves(runs: Sequence[RunData], out: Path, smooth: int = 1,
             if key is not None:
                 values = _smooth(values, smooth)
             positive &= bool(np.all(values > 0))
-            ax.plot(steps, values, color=_color(run, colors), ls="--" if run.fixed_lag else "-", lw=1.4,
+            ax.plot(steps, values, color=_color(run, colors), ls=LINESTYLES[run.lag], lw=1.4,
                     alpha=0.9, marker="o" if key is None else None, ms=3, label=run.name)
             drawn.append(run)
         if not drawn:
@@ -947,7 +961,7 @@ def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path |
     every run as a point, and per
     (correction, lag, step size) the mean over seeds at each k with its 95 % interval, clipped to the
     quantity's range (a success stays in [0, 1], a norm above 0). A marker shape per correction, filled
-    for bounded and hollow for fixed lag; the step size is named in the legend where it varies. Finished
+    for bounded and hollow otherwise, a line style per lag mode (``LINESTYLES``); the step size is named in the legend where it varies. Finished
     runs only."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
@@ -958,21 +972,22 @@ def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path |
     finite = sorted({s.k for s in known if s.k is not None})
     unbounded_x = (max(finite) + 1) if finite else 0
 
-    def arm(s: RunSummary) -> tuple[str, bool, float]:
-        return s.off_policy, s.fixed_lag, -1.0 if math.isnan(s.actor_lr) else s.actor_lr
+    def arm(s: RunSummary) -> tuple[str, str, float]:
+        return s.off_policy, s.lag, s.actor_lr_key
 
-    groups = sorted({arm(s) for s in known})
+    groups = sorted({arm(s) for s in known}, key=lambda g: (g[0], LAGS.index(g[1]), g[2]))
     several_lr = len({g[2] for g in groups}) > 1
     palette = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
     colors = sorted({(g[0], g[2]) for g in groups})
     group_color = {c: palette[i % len(palette)] for i, c in enumerate(colors)}
-    offsets = {g: (i - (len(groups) - 1) / 2) * 0.06 for i, g in enumerate(groups)}
+    spacing = min(0.25, 0.8 / len(groups))  # the arms side by side at a k, all within 0.8 of it
+    offsets = {g: (i - (len(groups) - 1) / 2) * spacing for i, g in enumerate(groups)}
 
     fig = Figure(figsize=(14, 4.2), layout="constrained")
     axes = fig.subplots(1, len(SUMMARY_PANELS))
     for ax, (attr, label, (low, high)) in zip(axes, SUMMARY_PANELS, strict=True):
         for group in groups:
-            mode, fixed, lr = group
+            mode, lag, lr = group
             members = [s for s in known if arm(s) == group and math.isfinite(getattr(s, attr))]
             if not members:
                 continue
@@ -980,22 +995,22 @@ def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path |
             ys = np.array([getattr(s, attr) for s in members])
             color = group_color[(mode, lr)]
             ax.scatter(xs + offsets[group], ys, marker=MARKERS.get(mode, "D"), s=36, alpha=0.8,
-                       facecolors="none" if fixed else color, edgecolors=color)
+                       facecolors=color if lag == "bounded" else "none", edgecolors=color)
             cells = [(x + offsets[group], *study.error_bar(ys[xs == x].tolist(), low, high)) for x in np.unique(xs)]
             ax.errorbar([c[0] for c in cells], [c[1] for c in cells], yerr=[[c[2] for c in cells], [c[3] for c in cells]],
-                        color=color, ls="--" if fixed else "-", lw=1, alpha=0.8, capsize=4)
+                        color=color, ls=LINESTYLES[lag], lw=1, alpha=0.8, capsize=4)
         ticks = finite + ([unbounded_x] if any(s.k is None for s in known) else [])
         ax.set_xticks(ticks, [str(k) for k in finite] + (["∞"] if len(ticks) > len(finite) else []))
         ax.set(xlabel="max staleness k (policy versions)", ylabel=label, title=label + " vs k")
         ax.grid(alpha=0.3)
 
-    def legend(mode: str, fixed: bool, lr: float) -> str:
+    def legend(mode: str, lag: str, lr: float) -> str:
         step = f" · lr {lr:g}" if several_lr and lr >= 0 else ""
-        return f"{mode} · {'fixed lag' if fixed else 'bounded'}{step}"
+        return f"{mode} · {LAG_NAMES[lag]}{step}"
 
-    handles = [Line2D([], [], color=group_color[(m, lr)], marker=MARKERS.get(m, "D"), ls="--" if f else "-",
-                      markerfacecolor="none" if f else group_color[(m, lr)], label=legend(m, f, lr))
-               for m, f, lr in groups]
+    handles = [Line2D([], [], color=group_color[(m, lr)], marker=MARKERS.get(m, "D"), ls=LINESTYLES[lag],
+                      markerfacecolor=group_color[(m, lr)] if lag == "bounded" else "none", label=legend(m, lag, lr))
+               for m, lag, lr in groups]
     axes[-1].legend(handles=handles, fontsize=8, frameon=False, loc="best")
     return _save(fig, out / "staleness_stability.png")
 
@@ -1036,8 +1051,8 @@ def plot_lag_sensitivity(summaries: Sequence[RunSummary], references: dict[str, 
     ax = fig.subplots()
     arms: dict[tuple[Any, ...], list[RunSummary]] = {}
     for s in known:
-        arms.setdefault((s.off_policy, s.fixed_lag, s.actor_lr_key), []).append(s)
-    for i, ((mode, fixed, lr), members) in enumerate(sorted(arms.items())):
+        arms.setdefault((s.off_policy, s.lag, s.actor_lr_key), []).append(s)
+    for i, ((mode, lag, lr), members) in enumerate(sorted(arms.items())):
         color = f"C{i}"
         ax.scatter([s.staleness_mean for s in members], [s.final_val for s in members], s=14, alpha=0.5,
                    color=color, marker=MARKERS.get(mode, "D"))
@@ -1052,8 +1067,8 @@ def plot_lag_sensitivity(summaries: Sequence[RunSummary], references: dict[str, 
             below.append(low)
             above.append(high)
         step = f", lr {lr:g}" if len(arms) > 1 and lr >= 0 else ""
-        ax.errorbar(xs, ys, yerr=[below, above], color=color, ls="--" if fixed else "-", capsize=4, lw=1.4,
-                    marker=MARKERS.get(mode, "D"), label=f"ours: {mode}, {'fixed lag' if fixed else 'bounded'}{step}")
+        ax.errorbar(xs, ys, yerr=[below, above], color=color, ls=LINESTYLES[lag], capsize=4, lw=1.4,
+                    marker=MARKERS.get(mode, "D"), label=f"ours: {mode}, {LAG_NAMES[lag]}{step}")
     for j, (name, frame) in enumerate(sorted(references.items())):
         frame = frame.sort_values("lag_mean")
         y = frame["final_success"].to_numpy(float)

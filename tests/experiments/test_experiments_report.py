@@ -80,7 +80,7 @@ def test_plots_are_written_and_not_empty(sweep_like, tmp_path):
         assert data.startswith(PNG_MAGIC) and len(data) > 5_000
     md = result.markdown.read_text()
     assert "![curves_entropy](curves_entropy.png)" in md and "(staleness_stability.png)" in md
-    assert (tmp_path / "out" / "summary.csv").read_text().startswith("run,k,fixed_lag")
+    assert (tmp_path / "out" / "summary.csv").read_text().startswith("run,k,lag,off_policy")
 
 
 def test_many_runs_get_a_legend_by_k(tmp_path, make_run):

@@ -299,3 +299,26 @@ def test_the_report_compares_each_cell_with_synchronous_training(tmp_path, make_
     expected = f"-0.050 [{ci.low:+.3f}, {ci.high:+.3f}]"
     assert row.endswith(f"| {expected} | {expected} |"), row
     assert "Trend of the mean validation success after step 0 on realised mean staleness (6 runs)" in section
+
+
+def test_an_adaptive_bound_is_its_own_arm_not_a_seed_of_the_fixed_bound(tmp_path, make_run):
+    """Runs with ``staleness.adaptive`` (a bound that moves from k) form their own cell and row, labelled
+    adaptive, and stay out of the trend over bounded runs and out of the equal-time table (their k is not
+    the bound they ran at)."""
+    root = tmp_path / "runs"
+    for seed in range(2):
+        make_run(root / f"k0-s{seed}", k=0, seed=seed)
+        make_run(root / f"k8-s{seed}", k=8, seed=seed)
+        make_run(root / f"adaptive-s{seed}", k=8, seed=seed,
+                 config={"staleness": {"max_staleness": 8, "fixed_lag": False, "adaptive": True}})
+    result = write_report([root], tmp_path / "out", throughput={0: 1.0, 8: 2.0})
+    by_name = {s.name: s for s in result.summaries}
+    assert (by_name["adaptive-s0"].lag, by_name["k8-s0"].lag) == ("adaptive", "bounded")
+    assert by_name["adaptive-s0"].cell_key != by_name["k8-s0"].cell_key
+    md = result.markdown.read_text()
+    section = md.split("## Against synchronous training")[1].split("\n## ")[0]
+    assert [line.split(" | ")[1] for line in section.splitlines() if line.startswith("| 8 |")] == ["bounded",
+                                                                                                 "adaptive"]
+    assert "on realised mean staleness (4 runs)" in section
+    equal_time = md.split("## At equal time")[1].split("\n## ")[0]
+    assert len([line for line in equal_time.splitlines() if line.startswith("| 8")]) == 1
