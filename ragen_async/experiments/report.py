@@ -765,6 +765,7 @@ CURVES = (
     ("valid_action_rate", "rollout valid-action rate", "rollout/valid_action_rate"),
     ("k3_mismatch", "behaviour/learner KL (k3)", "mismatch/k3_kl"),
     ("staleness_mean", "staleness, mean (versions)", "staleness/mean"),
+    ("staleness_bound", "staleness bound k (adaptive runs)", "staleness/bound"),
 )
 LOG_CURVES = frozenset({"grad_norm", "k3_mismatch"})
 """Curves drawn on a log scale when positive and spanning more than a factor of 50."""
@@ -844,8 +845,8 @@ def _draw_baselines(ax, baselines: dict[str, float] | None) -> None:
 
 def plot_curves(runs: Sequence[RunData], out: Path, smooth: int = 1,
                 baselines: dict[str, float] | None = None) -> list[Path]:
-    """One PNG per curve in :data:`CURVES` that any run has data for; ``baselines`` are drawn on the
-    validation-success plot."""
+    """One PNG per curve in :data:`CURVES` that any run has data for (the bound: adaptive runs only, the
+    others' is their constant k); ``baselines`` are drawn on the validation-success plot."""
     from matplotlib.figure import Figure
 
     colors = _run_colors(runs)
@@ -857,6 +858,8 @@ def plot_curves(runs: Sequence[RunData], out: Path, smooth: int = 1,
         drawn: list[RunData] = []
         positive = True
         for run in ordered:
+            if slug == "staleness_bound" and run.lag != "adaptive":
+                continue
             steps, values = run.val_success() if key is None else run.series(key)
             if not values.size:
                 continue

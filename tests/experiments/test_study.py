@@ -306,10 +306,11 @@ def test_an_adaptive_bound_is_its_own_arm_not_a_seed_of_the_fixed_bound(tmp_path
     adaptive, and stay out of the trend over bounded runs and out of the equal-time table (their k is not
     the bound they ran at)."""
     root = tmp_path / "runs"
+    bound = {step: {"staleness/bound": 8.0 if step < 10 else 4.0} for step in range(1, 21)}  # halved at step 10
     for seed in range(2):
-        make_run(root / f"k0-s{seed}", k=0, seed=seed)
-        make_run(root / f"k8-s{seed}", k=8, seed=seed)
-        make_run(root / f"adaptive-s{seed}", k=8, seed=seed,
+        make_run(root / f"k0-s{seed}", k=0, seed=seed, extra={step: {"staleness/bound": 0.0} for step in bound})
+        make_run(root / f"k8-s{seed}", k=8, seed=seed, extra={step: {"staleness/bound": 8.0} for step in bound})
+        make_run(root / f"adaptive-s{seed}", k=8, seed=seed, extra=bound,
                  config={"staleness": {"max_staleness": 8, "fixed_lag": False, "adaptive": True}})
     result = write_report([root], tmp_path / "out", throughput={0: 1.0, 8: 2.0})
     by_name = {s.name: s for s in result.summaries}
@@ -322,3 +323,6 @@ def test_an_adaptive_bound_is_its_own_arm_not_a_seed_of_the_fixed_bound(tmp_path
     assert "on realised mean staleness (4 runs)" in section
     equal_time = md.split("## At equal time")[1].split("\n## ")[0]
     assert len([line for line in equal_time.splitlines() if line.startswith("| 8")]) == 1
+    assert (tmp_path / "out" / "curves_staleness_bound.png") in result.plots  # the adaptive runs' bound
+    others = write_report([root / "k0-s0", root / "k8-s0"], tmp_path / "bounded_only")
+    assert not any(p.name == "curves_staleness_bound.png" for p in others.plots)
