@@ -16,10 +16,18 @@ rolling mean of ``window`` steps:
 - ``reward_std``: the in-group reward std falls below ``fraction`` of its highest smoothed value so far;
 - ``entropy``: the policy entropy falls below ``fraction`` of its mean over the first ``window`` steps;
 - ``grad_norm``: a gradient norm above ``spike`` (default 3) times the median of the previous
-  ``window`` steps.
+  ``window`` steps;
+
+and two that read staleness itself, on the step's stale tokens (trained at least one version after the
+one that generated them; :func:`stale_tokens` pools them from the per-lag metrics):
+
+- ``stale_kl``: their behaviour/learner KL (k3) above ``spike`` times the median of the previous ``window``
+  steps that had stale tokens;
+- ``stale_ess``: their importance weights' effective sample size (over the token count, 1 = no mismatch)
+  below ``fraction``.
 
 The report replays finished runs through the same class, and the adaptive staleness bound reacts to it
-while a run goes, so both read one definition.
+while a run goes (to the signals ``staleness.adaptive_signals`` names), so both read one definition.
 """
 
 from __future__ import annotations
@@ -106,10 +114,30 @@ class CollapseWatch:
         return False
 
 
-SIGNALS = ("reward_std", "entropy", "grad_norm")
+SIGNALS = ("reward_std", "entropy", "grad_norm", "stale_kl", "stale_ess")
 """The early-warning signals, in report order."""
-SIGNAL_KEYS = {"reward_std": "rollout/in_group_reward_std", "entropy": "actor/entropy", "grad_norm": "actor/grad_norm"}
-"""The step metric each signal reads."""
+SIGNAL_KEYS = {"reward_std": "rollout/in_group_reward_std", "entropy": "actor/entropy", "grad_norm": "actor/grad_norm",
+               "stale_kl": "stale/k3_kl", "stale_ess": "stale/is_ess"}
+"""The step metric each signal reads (``stale/*``: :func:`stale_tokens`)."""
+SPIKES = frozenset({"grad_norm", "stale_kl"})
+"""Signals that fire on a spike over the median of the previous ``window`` values."""
+
+
+def stale_tokens(metrics: dict[str, float]) -> dict[str, float]:
+    """A step's stale tokens (age >= 1 version) pooled from its per-lag metrics (``lag/{s}/tokens``,
+    ``lag/{s}/k3_kl``, ``lag/{s}/is_ess``, ``algo/diagnostics.lag_metrics``): ``stale/tokens`` and the
+    token-weighted means ``stale/k3_kl`` and ``stale/is_ess`` (of the per-lag effective sample sizes);
+    empty when none of the step's tokens was stale."""
+    tokens = kl = ess = 0.0
+    for key, n in metrics.items():
+        parts = key.split("/")
+        if len(parts) != 3 or parts[0] != "lag" or parts[2] != "tokens" or parts[1] in ("0", "0+") or not n:
+            continue
+        bucket = f"lag/{parts[1]}"
+        tokens += n
+        kl += n * metrics.get(f"{bucket}/k3_kl", math.nan)
+        ess += n * metrics.get(f"{bucket}/is_ess", math.nan)
+    return {"stale/tokens": tokens, "stale/k3_kl": kl / tokens, "stale/is_ess": ess / tokens} if tokens else {}
 
 
 class EarlyWarning:
@@ -127,15 +155,21 @@ class EarlyWarning:
 
     def update(self, metrics: dict[str, float]) -> set[str]:
         fired = set()
+        if SIGNAL_KEYS["stale_kl"] not in metrics:
+            metrics = {**metrics, **stale_tokens(metrics)}
         for signal, key in SIGNAL_KEYS.items():
             value = metrics.get(key)
             if value is None or not math.isfinite(value):
                 continue
             recent = self.recent[signal]
-            if signal == "grad_norm":
+            if signal in SPIKES:
                 if len(recent) == self.window and value > self.spike * float(np.median(recent)):
                     fired.add(signal)
                 recent.append(value)
+                continue
+            if signal == "stale_ess":
+                if value < self.fraction:
+                    fired.add(signal)
                 continue
             recent.append(value)
             smooth = sum(recent) / len(recent)

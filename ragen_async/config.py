@@ -220,6 +220,9 @@ class StalenessConfig(_Strict):
     """The lowest bound the adaptive controller may set."""
     adaptive_patience: int = Field(10, ge=1)
     """Quiet learner steps before the adaptive controller raises the bound by one."""
+    adaptive_signals: list[str] = Field(default_factory=lambda: ["reward_std", "entropy", "grad_norm"])
+    """The early-warning signals that halve the adaptive bound (``collapse.SIGNALS``; RAGEN's three by
+    default, the staleness-specific ``stale_kl`` and ``stale_ess`` on request)."""
 
     @model_validator(mode="after")
     def _consistent_bound(self) -> StalenessConfig:
@@ -228,6 +231,12 @@ class StalenessConfig(_Strict):
         if self.adaptive and (self.fixed_lag or not self.max_staleness):
             raise ValueError("staleness.adaptive moves a bounded k: it needs staleness.max_staleness >= 1 and "
                              "no fixed_lag")
+        from ragen_async.collapse import SIGNALS
+
+        unknown = [s for s in self.adaptive_signals if s not in SIGNALS]
+        if unknown or not self.adaptive_signals:
+            raise ValueError(f"staleness.adaptive_signals {self.adaptive_signals}: expected one or more of "
+                             f"{', '.join(SIGNALS)}")
         if self.adaptive and self.adaptive_min_k > self.max_staleness:
             raise ValueError(f"staleness.adaptive_min_k ({self.adaptive_min_k}) is above staleness.max_staleness "
                              f"({self.max_staleness})")

@@ -34,7 +34,7 @@ import numpy as np
 from ragen_async import reaper
 from ragen_async.budget import TrainingBudget
 from ragen_async.buffer import Batch, TrajectoryBuffer
-from ragen_async.collapse import SIGNALS, CollapseWatch, EarlyWarning
+from ragen_async.collapse import SIGNALS, CollapseWatch, EarlyWarning, stale_tokens
 from ragen_async.config import RunConfig, load_config
 from ragen_async.engine_pool import EnginePool
 from ragen_async.logfiles import keep_traceback, log_dir, loggers_to, output_to
@@ -236,8 +236,10 @@ class Trainer:
     async def adapt(self, record: dict[str, Any]) -> None:
         """This step's early warnings (``warning/<signal>`` in ``record``); under adaptive staleness they
         set the bound for the next steps, in the buffer and at admission together."""
+        record.update(stale_tokens(record))
         fired = self.warnings.update(record)
         record.update({f"warning/{s}": float(s in fired) for s in SIGNALS})
+        fired &= set(self.cfg.staleness.adaptive_signals)
         if self.bound is not None and self.bound.update(bool(fired)) != self.buffer.max_staleness:
             log.info("adaptive staleness: bound %s -> %d (warnings: %s)", self.buffer.max_staleness, self.bound.k,
                      ", ".join(sorted(fired)) or f"none for {self.bound.patience} steps")

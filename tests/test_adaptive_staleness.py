@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from ragen_async.collapse import EarlyWarning
+from ragen_async.collapse import EarlyWarning, stale_tokens
 from ragen_async.config import ConfigError, load_config
 from ragen_async.metrics import MemorySink
 from ragen_async.orchestrator import Trainer
@@ -66,6 +66,28 @@ def test_warnings_fire_online_and_survive_a_checkpoint():
         assert w.update({"actor/grad_norm": 1.0, "rollout/in_group_reward_std": 0.0}) == {"reward_std"}
 
 
+def stale_step(kl: float, ess: float, fresh_kl: float = 0.0) -> dict[str, float]:
+    """A step's per-lag metrics: 100 fresh tokens and 300 stale ones (200 one version old, 100 eight or more)."""
+    return {"lag/0/tokens": 100.0, "lag/0/k3_kl": fresh_kl, "lag/0/is_ess": 1.0,
+            "lag/1/tokens": 200.0, "lag/1/k3_kl": kl, "lag/1/is_ess": ess,
+            "lag/2/tokens": 0.0, "lag/8+/tokens": 100.0, "lag/8+/k3_kl": kl, "lag/8+/is_ess": ess}
+
+
+def test_the_staleness_signals_read_the_stale_tokens_only():
+    assert stale_tokens(stale_step(0.01, 0.9, fresh_kl=5.0)) == pytest.approx(
+        {"stale/tokens": 300.0, "stale/k3_kl": 0.01, "stale/is_ess": 0.9})
+    mixed = {**stale_step(0.0, 1.0), "lag/1/k3_kl": 0.03, "lag/1/is_ess": 0.4}  # weighted 2:1 against 8+
+    assert stale_tokens(mixed) == pytest.approx({"stale/tokens": 300.0, "stale/k3_kl": 0.02, "stale/is_ess": 0.6})
+    assert stale_tokens({"lag/0/tokens": 50.0, "lag/0/k3_kl": 1.0, "lag/1/tokens": 0.0}) == {}  # nothing stale
+    warning = EarlyWarning(window=2)
+    fired = [warning.update(stale_step(kl, ess, fresh_kl=9.0)) for kl, ess in
+             ((0.01, 0.9), (0.01, 0.9), (0.05, 0.9), (0.01, 0.3), (0.01, 0.9))]
+    # a KL 5x the median of the previous two stale steps; an effective sample size below half the tokens
+    assert fired == [set(), set(), {"stale_kl"}, {"stale_ess"}, set()]
+    synchronous = EarlyWarning(window=2)
+    assert all(synchronous.update({"lag/0/tokens": 9.0, "lag/0/k3_kl": kl}) == set() for kl in (0.0, 0.0, 1.0))
+
+
 class RecordingAdmission(LocalAdmission):
     def __init__(self, k: int):
         super().__init__(k, 4)
@@ -97,6 +119,26 @@ def test_the_loop_moves_the_bound_in_the_buffer_and_at_admission(tmp_path):
     assert bounds == [4, 4, 4, 4, 4, 2, 1, 1, 2, 2, 3]
     assert runtime.admission.moves == [2, 1, 2, 3] and runtime.admission.controller.max_staleness == 3
     assert [r["warning/grad_norm"] for r in records] == [0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0]
+
+
+def test_the_bound_reacts_only_to_the_signals_it_is_given(tmp_path):
+    """``staleness.adaptive_signals``: a stale-token ESS warning halves the bound when named, and is only
+    logged when not (the default: RAGEN's three signals)."""
+    moved = {}
+    for signals in (["grad_norm"], ["grad_norm", "stale_ess"]):
+        cfg = load_config("configs/tiny/starpo_s_bandit.yaml", [
+            f"run_root={tmp_path / str(len(signals))}", "runtime=ray", "staleness.max_staleness=4",
+            "staleness.adaptive=true", f"staleness.adaptive_signals={signals}", "logging.console=false"])
+        trainer = Trainer(cfg, RunDir.create(cfg), MemorySink(), StubRuntime(4))
+        records = [stale_step(0.01, 0.9), stale_step(0.01, 0.2), stale_step(0.01, 0.9)]
+        for r in records:
+            asyncio.run(trainer.adapt(r))
+        assert [r["warning/stale_ess"] for r in records] == [0, 1, 0]
+        assert records[1]["stale/is_ess"] == pytest.approx(0.2)  # logged with the step
+        moved[len(signals)] = trainer.buffer.max_staleness
+    assert moved == {1: 4, 2: 2}
+    with pytest.raises(ConfigError, match="adaptive_signals"):
+        load_config("configs/tiny/starpo_s_bandit.yaml", ["staleness.adaptive_signals=[kl]"])
 
 
 @pytest.mark.parametrize("overrides, message", [

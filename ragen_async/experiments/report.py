@@ -40,7 +40,7 @@ import numpy as np
 import yaml
 from pydantic import ValidationError
 
-from ragen_async.collapse import SIGNAL_KEYS, SIGNALS, Collapse, find_collapse
+from ragen_async.collapse import SIGNAL_KEYS, SIGNALS, Collapse, find_collapse, stale_tokens
 from ragen_async.config import EnvGroupSpec
 from ragen_async.experiments import study
 
@@ -146,7 +146,10 @@ class RunData:
             run.warnings += problems
             training, validation = [], []
             for r in records:
-                (validation if any(k.startswith("val/") for k in r) else training).append(r)
+                if any(k.startswith("val/") for k in r):
+                    validation.append(r)
+                else:
+                    training.append({**stale_tokens(r), **r})  # runs logged before stale/* had the per-lag parts
             run.train, run.val = _latest_per_step(training), _latest_per_step(validation)
         elif status != "pending":
             run.warnings.append("no metrics.jsonl (not started yet?)")
