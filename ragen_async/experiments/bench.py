@@ -96,8 +96,9 @@ def parse_mode(text: str) -> str:
 
 
 def bench_config(base: RunConfig, k: int | None, mode: str, steps: int, cpus: list[int]) -> RunConfig:
+    mode = parse_mode(mode)
     data = base.model_dump()
-    data.update(runtime="ray", total_steps=steps, name=f"bench-k{'inf' if k is None else k}-{parse_mode(mode)}")
+    data.update(runtime="ray", total_steps=steps, name=f"bench-k{'inf' if k is None else k}-{mode}")
     data["validation"]["every"] = 0
     data["staleness"] = {"max_staleness": k, "fixed_lag": False}
     data["logging"]["console"] = False

@@ -388,10 +388,6 @@ class RunSummary:
         return "?" if not self.k_known else "∞" if self.k is None else str(self.k)
 
     @property
-    def lag_label(self) -> str:
-        return self.lag
-
-    @property
     def plain(self) -> bool:
         """Bounded, uncorrected: the runs the staleness trend is fitted on."""
         return self.lag == "bounded" and self.off_policy == "none"
@@ -548,7 +544,7 @@ def _fell(c: Collapse) -> str:
 
 
 def _overview_row(s: RunSummary) -> list[str]:
-    return [s.name, s.k_label, s.lag_label, s.off_policy, MISSING if s.seed is None else str(s.seed), s.status,
+    return [s.name, s.k_label, s.lag, s.off_policy, MISSING if s.seed is None else str(s.seed), s.status,
             _steps(s), _f(s.first_val), _f(s.final_val), _f(s.best_val), MISSING if s.reached_at is None else str(s.reached_at),
             _fell(s.collapse), MISSING if s.degraded is None else str(s.degraded),
             f"{_f(s.staleness_mean, '.2f')} / {_f(s.staleness_max, '.0f')}", _f(s.grad_norm_max, '.3g'),
@@ -559,7 +555,7 @@ def _overview_row(s: RunSummary) -> list[str]:
 def _run_section(run: RunData, s: RunSummary, threshold: float) -> list[str]:
     lines = [f"### {s.name}", ""]
     where = f"`{run.path}`" if run.path is not None else "no run directory yet"
-    settings = (f"k = {s.k_label}, {s.lag_label}, correction {s.off_policy}, seed {s.seed}" if s.k_known
+    settings = (f"k = {s.k_label}, {s.lag}, correction {s.off_policy}, seed {s.seed}" if s.k_known
                 else "settings unknown (no config.yaml)")
     lines += [f"{where} · {s.status} · {_steps(s)} steps · {settings}", ""]
     if s.val:
@@ -689,7 +685,7 @@ def _against_sync_section(summaries: Sequence[RunSummary]) -> list[str]:
             s0 = group[0]
             diffs = [study.welch_difference([getattr(s, a) for s in group], [getattr(r, a) for r in reference])
                      for a in ("mean_val", "final_val")]
-            rows.append([s0.k_label, s0.lag_label, s0.off_policy, len(group),
+            rows.append([s0.k_label, s0.lag, s0.off_policy, len(group),
                          _f(float(np.mean([s.staleness_mean for s in group])), ".2f"),
                          *(study.format_bounds(*d, "+.3f") for d in diffs)])
         plain = [s for s in at_lr if s.plain]
@@ -967,8 +963,8 @@ def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path |
     every run as a point, and per
     (correction, lag, step size) the mean over seeds at each k with its 95 % interval, clipped to the
     quantity's range (a success stays in [0, 1], a norm above 0). A marker shape per correction, filled
-    for bounded and hollow otherwise, a line style per lag mode (``LINESTYLES``); the step size is named in the legend where it varies. Finished
-    runs only."""
+    for bounded and hollow otherwise, a line style per lag mode (``LINESTYLES``); the step size is named
+    in the legend where it varies. Finished runs only."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
