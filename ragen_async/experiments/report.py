@@ -679,16 +679,19 @@ def _against_sync_section(summaries: Sequence[RunSummary]) -> list[str]:
         for s in at_lr:
             if not s.is_reference:
                 cells.setdefault(s.cell_key, []).append(s)
+        plain = [s for s in at_lr if s.plain]
         rows = []
         for group in sorted(cells.values(), key=lambda g: (LAGS.index(g[0].lag), g[0].off_policy, g[0].k is None,
                                                           g[0].k or 0)):
             s0 = group[0]
             diffs = [study.welch_difference([getattr(s, a) for s in group], [getattr(r, a) for r in reference])
                      for a in ("mean_val", "final_val")]
-            rows.append([s0.k_label, s0.lag, s0.off_policy, len(group),
-                         _f(float(np.mean([s.staleness_mean for s in group])), ".2f"),
-                         *(study.format_bounds(*d, "+.3f") for d in diffs)])
-        plain = [s for s in at_lr if s.plain]
+            age = float(np.mean([s.staleness_mean for s in group]))
+            predicted = MISSING if s0.plain else study.format_bounds(*study.predicted_mean(
+                [s.staleness_mean for s in plain], [s.mean_val for s in plain], age, len(group)), ".3f")
+            rows.append([s0.k_label, s0.lag, s0.off_policy, len(group), _f(age, ".2f"),
+                         *(study.format_bounds(*d, "+.3f") for d in diffs),
+                         _f(float(np.mean([s.mean_val for s in group]))), predicted])
         trends = [study.trend([s.staleness_mean for s in plain], [getattr(s, a) for s in plain])
                   for a in ("mean_val", "final_val")]
         step = "" if lr < 0 else f" (actor lr {lr:g})"
@@ -697,9 +700,12 @@ def _against_sync_section(summaries: Sequence[RunSummary]) -> list[str]:
                   "difference of its mean from the reference's, with Welch's 95 % interval (`study.welch_difference`),"
                   " of the mean validation success after step 0 and of the final one. Trend: the least-squares slope "
                   "of each on a run's realised mean staleness over the bounded runs without correction, per version "
-                  "of mean age, with its 95 % interval and p-value (`study.trend`).", ""]
-        lines += _table(["k", "lag", "correction", "runs", "staleness mean", "Δ mean val after step 0", "Δ final val"],
-                        rows) if rows else []
+                  "of mean age, with its 95 % interval and p-value (`study.trend`). Predicted: for a cell outside "
+                  "those runs (fixed lag, a correction, an adaptive bound), the mean validation success after step 0 "
+                  "that trend predicts at the cell's mean age, with the 95 % prediction interval for the mean of as "
+                  "many runs (`study.predicted_mean`): a cell inside it behaves as its staleness alone predicts.", ""]
+        lines += _table(["k", "lag", "correction", "runs", "staleness mean", "Δ mean val after step 0", "Δ final val",
+                         "mean val after step 0", "predicted by the bounded trend"], rows) if rows else []
         for (slope, low, high, p, n), what in zip(trends, ("mean validation success after step 0",
                                                            "final validation success"), strict=True):
             if math.isfinite(slope):

@@ -37,7 +37,7 @@ from scipy import stats
 
 from ragen_async.collapse import SIGNAL_KEYS, SIGNALS, EarlyWarning
 
-__all__ = ["welch_difference", "trend", "signal_steps", "reference_band", "degraded_from", "lead_times", "false_alarms", "interval", "error_bar", "t95", "wilson", "bounds",
+__all__ = ["welch_difference", "trend", "predicted_mean", "signal_steps", "reference_band", "degraded_from", "lead_times", "false_alarms", "interval", "error_bar", "t95", "wilson", "bounds",
            "cell_table", "format_mean_ci", "format_bounds", "SHARE", "UNIT", "POSITIVE"]
 
 
@@ -224,6 +224,24 @@ def welch_difference(values: Sequence[float], reference: Sequence[float]) -> tup
     dof = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
     half = float(stats.t.ppf(0.975, dof)) * math.sqrt(va + vb)
     return diff, diff - half, diff + half
+
+
+def predicted_mean(x: Sequence[float], y: Sequence[float], at: float, m: int) -> tuple[float, float, float]:
+    """(mean, low, high): what the least-squares line of ``y`` on ``x`` predicts for the mean of ``m`` new
+    runs at ``at``, with its 95 % prediction interval, t(0.975, n - 2) · s · sqrt(1/m + 1/n + (at - x̄)² / Sxx)
+    (s the residual standard deviation); NaN where :func:`trend` has no slope."""
+    pairs = np.asarray([(a, b) for a, b in zip(x, y, strict=True) if math.isfinite(a) and math.isfinite(b)],
+                       dtype=float).reshape(-1, 2)
+    n = len(pairs)
+    if n < 3 or np.ptp(pairs[:, 0]) == 0 or m < 1 or not math.isfinite(at):
+        return math.nan, math.nan, math.nan
+    fit = stats.linregress(pairs[:, 0], pairs[:, 1])
+    residuals = pairs[:, 1] - (fit.intercept + fit.slope * pairs[:, 0])
+    s = math.sqrt(float(residuals @ residuals) / (n - 2))
+    sxx = float(((pairs[:, 0] - pairs[:, 0].mean()) ** 2).sum())
+    mean = float(fit.intercept + fit.slope * at)
+    half = float(stats.t.ppf(0.975, n - 2)) * s * math.sqrt(1 / m + 1 / n + (at - pairs[:, 0].mean()) ** 2 / sxx)
+    return mean, mean - half, mean + half
 
 
 def trend(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, float, float, int]:

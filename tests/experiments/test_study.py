@@ -298,7 +298,7 @@ def test_the_report_compares_each_cell_with_synchronous_training(tmp_path, make_
     # Every validation 0.05 lower, the seeds 0.01 apart on both sides: mean vals 0.50-0.52 against 0.55-0.57.
     ci = stats.ttest_ind([0.50, 0.51, 0.52], [0.55, 0.56, 0.57], equal_var=False).confidence_interval()
     expected = f"-0.050 [{ci.low:+.3f}, {ci.high:+.3f}]"
-    assert row.endswith(f"| {expected} | {expected} |"), row
+    assert row.endswith(f"| {expected} | {expected} | 0.510 | — |"), row
     assert "Trend of the mean validation success after step 0 on realised mean staleness (6 runs)" in section
 
 
@@ -327,3 +327,35 @@ def test_an_adaptive_bound_is_its_own_arm_not_a_seed_of_the_fixed_bound(tmp_path
     assert (tmp_path / "out" / "curves_staleness_bound.png") in result.plots  # the adaptive runs' bound
     others = write_report([root / "k0-s0", root / "k8-s0"], tmp_path / "bounded_only")
     assert not any(p.name == "curves_staleness_bound.png" for p in others.plots)
+
+
+def test_the_bounded_trend_predicts_a_cell_s_mean_with_a_prediction_interval():
+    x, y = [0.0, 0.0, 0.0, 4.0, 4.0, 4.0, 8.0], [0.41, 0.40, 0.42, 0.38, 0.39, 0.40, 0.36]
+    mean, low, high = study.predicted_mean(x, y, at=6.0, m=3)
+    # The same in matrix form: the fit's covariance s^2 (X'X)^-1 at [1, 6], plus s^2 / 3 for three new runs.
+    design = np.column_stack([np.ones(len(x)), x])
+    beta, residual, *_ = np.linalg.lstsq(design, np.asarray(y), rcond=None)
+    s2 = float(residual[0]) / (len(x) - 2)
+    point = np.array([1.0, 6.0])
+    half = stats.t.ppf(0.975, len(x) - 2) * math.sqrt(s2 * (1 / 3 + point @ np.linalg.inv(design.T @ design) @ point))
+    assert mean == pytest.approx(point @ beta) and (low, high) == pytest.approx((point @ beta - half, point @ beta + half))
+    assert all(math.isnan(v) for v in study.predicted_mean([1.0, 1.0, 1.0], [0.1, 0.2, 0.3], 2.0, 3))
+
+
+def test_cells_outside_the_bounded_runs_are_set_against_the_trend_s_prediction(tmp_path, make_run):
+    root = tmp_path / "runs"
+    for seed, offset in enumerate((0.0, 0.01, 0.02)):
+        make_run(root / f"k0-s{seed}", k=0, seed=seed, val_curve=lambda st, tot, o=offset: 0.3 + o + 0.02 * st)
+        make_run(root / f"k4-s{seed}", k=4, seed=seed, val_curve=lambda st, tot, o=offset: 0.25 + o + 0.02 * st)
+        make_run(root / f"fixed4-s{seed}", k=4, seed=seed, fixed_lag=True,
+                 val_curve=lambda st, tot, o=offset: 0.25 + o + 0.02 * st)
+    md = write_report([root], tmp_path / "out").markdown.read_text()
+    section = md.split("## Against synchronous training")[1].split("\n## ")[0]
+    bounded = next(line for line in section.splitlines() if line.startswith("| 4 | bounded |"))
+    fixed = next(line for line in section.splitlines() if line.startswith("| 4 | fixed |"))
+    assert bounded.endswith("| — |")  # its own runs made the trend
+    # Fixed lag at the same mean age (2.0, conftest's staleness/mean = k / 2) as the bounded k = 4 runs.
+    summaries = {s.name: s for s in write_report([root], tmp_path / "again").summaries}
+    plain = [summaries[f"k{k}-s{seed}"] for k in (0, 4) for seed in range(3)]
+    expected = study.predicted_mean([s.staleness_mean for s in plain], [s.mean_val for s in plain], 2.0, 3)
+    assert fixed.endswith(f"| {study.format_bounds(*expected, '.3f')} |"), fixed
