@@ -30,6 +30,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections import defaultdict
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -680,6 +681,10 @@ def _against_sync_section(summaries: Sequence[RunSummary]) -> list[str]:
             if not s.is_reference:
                 cells.setdefault(s.cell_key, []).append(s)
         plain = [s for s in at_lr if s.plain]
+        uncorrected: dict[tuple[int | None, str], list[float]] = defaultdict(list)
+        for s in at_lr:
+            if s.off_policy == "none":
+                uncorrected[(s.k, s.lag)].append(s.mean_val)
         rows = []
         for group in sorted(cells.values(), key=lambda g: (LAGS.index(g[0].lag), g[0].off_policy, g[0].k is None,
                                                           g[0].k or 0)):
@@ -689,9 +694,12 @@ def _against_sync_section(summaries: Sequence[RunSummary]) -> list[str]:
             age = float(np.mean([s.staleness_mean for s in group]))
             predicted = MISSING if s0.plain else study.format_bounds(*study.predicted_mean(
                 [s.staleness_mean for s in plain], [s.mean_val for s in plain], age, len(group)), ".3f")
+            same_k = uncorrected.get((s0.k, s0.lag), [])
+            against_none = (study.format_bounds(*study.welch_difference([s.mean_val for s in group], same_k), "+.3f")
+                            if s0.off_policy != "none" and same_k else MISSING)
             rows.append([s0.k_label, s0.lag, s0.off_policy, len(group), _f(age, ".2f"),
                          *(study.format_bounds(*d, "+.3f") for d in diffs),
-                         _f(float(np.mean([s.mean_val for s in group]))), predicted])
+                         _f(float(np.mean([s.mean_val for s in group]))), predicted, against_none])
         trends = [study.trend([s.staleness_mean for s in plain], [getattr(s, a) for s in plain])
                   for a in ("mean_val", "final_val")]
         step = "" if lr < 0 else f" (actor lr {lr:g})"
@@ -703,9 +711,13 @@ def _against_sync_section(summaries: Sequence[RunSummary]) -> list[str]:
                   "of mean age, with its 95 % interval and p-value (`study.trend`). Predicted: for a cell outside "
                   "those runs (fixed lag, a correction, an adaptive bound), the mean validation success after step 0 "
                   "that trend predicts at the cell's mean age, with the 95 % prediction interval for the mean of as "
-                  "many runs (`study.predicted_mean`): a cell inside it behaves as its staleness alone predicts.", ""]
+                  "many runs (`study.predicted_mean`): a cell inside it behaves as its staleness alone predicts. "
+                  "Against no correction: for a corrected cell, the difference of its mean validation success after "
+                  "step 0 from that of the uncorrected runs at the same k and lag (Welch's 95 % interval): what the "
+                  "correction buys back.", ""]
         lines += _table(["k", "lag", "correction", "runs", "staleness mean", "Δ mean val after step 0", "Δ final val",
-                         "mean val after step 0", "predicted by the bounded trend"], rows) if rows else []
+                         "mean val after step 0", "predicted by the bounded trend",
+                         "Δ mean val vs no correction, same k"], rows) if rows else []
         for (slope, low, high, p, n), what in zip(trends, ("mean validation success after step 0",
                                                            "final validation success"), strict=True):
             if math.isfinite(slope):

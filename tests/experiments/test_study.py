@@ -298,7 +298,7 @@ def test_the_report_compares_each_cell_with_synchronous_training(tmp_path, make_
     # Every validation 0.05 lower, the seeds 0.01 apart on both sides: mean vals 0.50-0.52 against 0.55-0.57.
     ci = stats.ttest_ind([0.50, 0.51, 0.52], [0.55, 0.56, 0.57], equal_var=False).confidence_interval()
     expected = f"-0.050 [{ci.low:+.3f}, {ci.high:+.3f}]"
-    assert row.endswith(f"| {expected} | {expected} | 0.510 | — |"), row
+    assert row.endswith(f"| {expected} | {expected} | 0.510 | — | — |"), row
     assert "Trend of the mean validation success after step 0 on realised mean staleness (6 runs)" in section
 
 
@@ -349,13 +349,20 @@ def test_cells_outside_the_bounded_runs_are_set_against_the_trend_s_prediction(t
         make_run(root / f"k4-s{seed}", k=4, seed=seed, val_curve=lambda st, tot, o=offset: 0.25 + o + 0.02 * st)
         make_run(root / f"fixed4-s{seed}", k=4, seed=seed, fixed_lag=True,
                  val_curve=lambda st, tot, o=offset: 0.25 + o + 0.02 * st)
+        make_run(root / f"tis4-s{seed}", k=4, seed=seed, off_policy="tis",
+                 val_curve=lambda st, tot, o=offset: 0.27 + 2 * o + 0.02 * st)
     md = write_report([root], tmp_path / "out").markdown.read_text()
     section = md.split("## Against synchronous training")[1].split("\n## ")[0]
-    bounded = next(line for line in section.splitlines() if line.startswith("| 4 | bounded |"))
+    bounded = next(line for line in section.splitlines() if line.startswith("| 4 | bounded | none |"))
     fixed = next(line for line in section.splitlines() if line.startswith("| 4 | fixed |"))
-    assert bounded.endswith("| — |")  # its own runs made the trend
+    corrected = next(line for line in section.splitlines() if line.startswith("| 4 | bounded | tis |"))
+    assert bounded.endswith("| — | — |")  # its own runs made the trend; it is the uncorrected cell
     # Fixed lag at the same mean age (2.0, conftest's staleness/mean = k / 2) as the bounded k = 4 runs.
     summaries = {s.name: s for s in write_report([root], tmp_path / "again").summaries}
     plain = [summaries[f"k{k}-s{seed}"] for k in (0, 4) for seed in range(3)]
     expected = study.predicted_mean([s.staleness_mean for s in plain], [s.mean_val for s in plain], 2.0, 3)
-    assert fixed.endswith(f"| {study.format_bounds(*expected, '.3f')} |"), fixed
+    assert fixed.endswith(f"| {study.format_bounds(*expected, '.3f')} | — |"), fixed
+    # The corrected cell against the uncorrected bounded runs at its k (not the fixed-lag ones): mean vals
+    # 0.52, 0.54, 0.56 against 0.50, 0.51, 0.52.
+    ci = stats.ttest_ind([0.52, 0.54, 0.56], [0.50, 0.51, 0.52], equal_var=False).confidence_interval()
+    assert corrected.endswith(f"| +0.030 [{ci.low:+.3f}, {ci.high:+.3f}] |"), corrected
