@@ -28,10 +28,11 @@ warning), resumed (a replayed step keeps its latest record), or missing any metr
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
-from collections import defaultdict
 import time
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +43,7 @@ import yaml
 from pydantic import ValidationError
 
 from ragen_async.collapse import SIGNAL_KEYS, SIGNALS, Collapse, find_collapse, stale_tokens
-from ragen_async.config import EnvGroupSpec
+from ragen_async.config import EnvGroupSpec, RunConfig
 from ragen_async.experiments import study
 
 if TYPE_CHECKING:
@@ -59,6 +60,15 @@ CELL_IGNORED = frozenset({"seed", "rollout.seed", "learner.seed", "name", "run_r
 and place, the weights' path and digest (a study pins one start; its first validation shows it), and where
 processes run (cores and threads change a step's time, not what it computes)."""
 CELL_IGNORED_PREFIXES = ("logging.",)
+
+
+@functools.cache
+def _config_defaults() -> dict[str, Any]:
+    """Every config key's current default, flattened: a key a run's config lacks (recorded before the field
+    existed) counts as its default, so a field added later does not split a cell."""
+    import pandas as pd
+
+    return pd.json_normalize(RunConfig().model_dump(mode="json"), sep=".").iloc[0].to_dict()
 
 
 class ReportError(ValueError):
@@ -204,7 +214,7 @@ class RunData:
             return {}
         import pandas as pd
 
-        flat = pd.json_normalize(self.config, sep=".").iloc[0].to_dict()
+        flat = {**_config_defaults(), **pd.json_normalize(self.config, sep=".").iloc[0].to_dict()}
         return {k: str(v) for k, v in sorted(flat.items())
                 if k not in CELL_IGNORED and not k.startswith(CELL_IGNORED_PREFIXES)}
 
@@ -686,8 +696,8 @@ def _against_sync_section(summaries: Sequence[RunSummary]) -> list[str]:
             if s.off_policy == "none":
                 uncorrected[(s.k, s.lag)].append(s.mean_val)
         rows = []
-        for group in sorted(cells.values(), key=lambda g: (LAGS.index(g[0].lag), g[0].off_policy, g[0].k is None,
-                                                          g[0].k or 0)):
+        for group in sorted(cells.values(), key=lambda g: (LAGS.index(g[0].lag), list(MARKERS).index(g[0].off_policy),
+                                                          g[0].k is None, g[0].k or 0)):
             s0 = group[0]
             diffs = [study.welch_difference([getattr(s, a) for s in group], [getattr(r, a) for r in reference])
                      for a in ("mean_val", "final_val")]

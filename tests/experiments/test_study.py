@@ -9,6 +9,7 @@ import pytest
 from scipy import stats
 
 from ragen_async.collapse import SIGNALS, Collapse, find_collapse
+from ragen_async.config import RunConfig
 from ragen_async.experiments import study
 from ragen_async.experiments.report import ReportError, write_report
 
@@ -366,3 +367,16 @@ def test_cells_outside_the_bounded_runs_are_set_against_the_trend_s_prediction(t
     # 0.52, 0.54, 0.56 against 0.50, 0.51, 0.52.
     ci = stats.ttest_ind([0.52, 0.54, 0.56], [0.50, 0.51, 0.52], equal_var=False).confidence_interval()
     assert corrected.endswith(f"| +0.030 [{ci.low:+.3f}, {ci.high:+.3f}] |"), corrected
+
+
+def test_a_config_key_a_run_did_not_record_counts_as_its_default_and_does_not_split_a_cell(tmp_path, make_run):
+    """Runs recorded before a field existed lack it; with the field at its default they are seeds of one cell
+    with runs that recorded it, and a run that set it otherwise is still a cell of its own."""
+    default = RunConfig().staleness.adaptive_signals
+    old = make_run(tmp_path / "old", k=4, seed=0)
+    new = make_run(tmp_path / "new", k=4, seed=1,
+                   config={"staleness": {"max_staleness": 4, "fixed_lag": False, "adaptive_signals": default}})
+    other = make_run(tmp_path / "other", k=4, seed=2,
+                     config={"staleness": {"max_staleness": 4, "fixed_lag": False, "adaptive_signals": ["stale_ess"]}})
+    keys = {s.name: s.cell_key for s in write_report([old, new, other], tmp_path / "out").summaries}
+    assert keys["old"] == keys["new"] != keys["other"]
