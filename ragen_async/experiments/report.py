@@ -1005,10 +1005,13 @@ def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path |
     def arm(s: RunSummary) -> tuple[str, str, float]:
         return s.off_policy, s.lag, s.actor_lr_key
 
-    groups = sorted({arm(s) for s in known}, key=lambda g: (g[0], LAGS.index(g[1]), g[2]))
+    def correction(mode: str) -> int:  # no correction first: its colour stays the same as arms are added
+        return list(MARKERS).index(mode) if mode in MARKERS else len(MARKERS)
+
+    groups = sorted({arm(s) for s in known}, key=lambda g: (correction(g[0]), g[0], LAGS.index(g[1]), g[2]))
     several_lr = len({g[2] for g in groups}) > 1
     palette = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
-    colors = sorted({(g[0], g[2]) for g in groups})
+    colors = sorted({(g[0], g[2]) for g in groups}, key=lambda c: (correction(c[0]), c))
     group_color = {c: palette[i % len(palette)] for i, c in enumerate(colors)}
     spacing = min(0.25, 0.8 / len(groups))  # the arms side by side at a k, all within 0.8 of it
     offsets = {g: (i - (len(groups) - 1) / 2) * spacing for i, g in enumerate(groups)}
