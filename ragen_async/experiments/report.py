@@ -696,8 +696,8 @@ def _against_sync_section(summaries: Sequence[RunSummary]) -> list[str]:
             if s.off_policy == "none":
                 uncorrected[(s.k, s.lag)].append(s.mean_val)
         rows = []
-        for group in sorted(cells.values(), key=lambda g: (LAGS.index(g[0].lag), list(MARKERS).index(g[0].off_policy),
-                                                          g[0].k is None, g[0].k or 0)):
+        for group in sorted(cells.values(), key=lambda g: (LAGS.index(g[0].lag), _correction_order(g[0].off_policy),
+                                                          g[0].off_policy, g[0].k is None, g[0].k or 0)):
             s0 = group[0]
             diffs = [study.welch_difference([getattr(s, a) for s in group], [getattr(r, a) for r in reference])
                      for a in ("mean_val", "final_val")]
@@ -798,6 +798,13 @@ LOG_CURVES = frozenset({"grad_norm", "k3_mismatch"})
 """Curves drawn on a log scale when positive and spanning more than a factor of 50."""
 MARKERS = {"none": "o", "tis": "s", "decoupled": "^"}
 """A marker per correction (``algo.off_policy``)."""
+
+
+def _correction_order(mode: str) -> int:
+    """Where a correction sorts in tables and legends: none first, then as in :data:`MARKERS`, unknown last."""
+    return list(MARKERS).index(mode) if mode in MARKERS else len(MARKERS)
+
+
 LAGS = ("bounded", "fixed", "adaptive")
 LINESTYLES = {"bounded": "-", "fixed": "--", "adaptive": ":"}
 LAG_NAMES = {"bounded": "bounded", "fixed": "fixed lag", "adaptive": "adaptive bound"}
@@ -1005,13 +1012,11 @@ def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path |
     def arm(s: RunSummary) -> tuple[str, str, float]:
         return s.off_policy, s.lag, s.actor_lr_key
 
-    def correction(mode: str) -> int:  # no correction first: its colour stays the same as arms are added
-        return list(MARKERS).index(mode) if mode in MARKERS else len(MARKERS)
-
-    groups = sorted({arm(s) for s in known}, key=lambda g: (correction(g[0]), g[0], LAGS.index(g[1]), g[2]))
+    # No correction first: its colour stays the same as arms are added.
+    groups = sorted({arm(s) for s in known}, key=lambda g: (_correction_order(g[0]), g[0], LAGS.index(g[1]), g[2]))
     several_lr = len({g[2] for g in groups}) > 1
     palette = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
-    colors = sorted({(g[0], g[2]) for g in groups}, key=lambda c: (correction(c[0]), c))
+    colors = sorted({(g[0], g[2]) for g in groups}, key=lambda c: (_correction_order(c[0]), c))
     group_color = {c: palette[i % len(palette)] for i, c in enumerate(colors)}
     spacing = min(0.25, 0.8 / len(groups))  # the arms side by side at a k, all within 0.8 of it
     offsets = {g: (i - (len(groups) - 1) / 2) * spacing for i, g in enumerate(groups)}
