@@ -11,7 +11,6 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from ragen_async.protocol import TrajectoryGroup
 from ragen_async.rollout.engines import make_engine
 from ragen_async.rollout.gate import AdmissionGate
 from ragen_async.rollout.worker import RolloutWorker, validate_engine
-from ragen_async.transport import TransportTimeout, make_sender
+from ragen_async.transport import make_sender
 from ragen_async.weight_sync import WeightReceiver, make_receiver, resolve_backend
 
 log = logging.getLogger(__name__)
@@ -38,11 +37,6 @@ ADMIT_WAIT_S = 1.0
 """How long the gate holds an admission request while no slot is free before it answers none (the actor then
 asks again): short enough that a stopping actor is not held up, long enough that blocked actors cost the gate
 about one call a second each instead of one per rollout-loop tick."""
-
-SEND_SLICE_S = 1.0
-"""How long one attempt to queue a finished group waits for room at the receiver. Between attempts a stopping
-actor gives the group up: at the end of a run nobody reads it, and a send thread held for the whole
-``transport.send_timeout_s`` would hold up the actor's release and shutdown behind it."""
 
 GateActor = ray.remote(AdmissionGate)
 """The run's admission gate as a Ray actor (the plain class, unchanged; an async actor: one event loop)."""
@@ -111,10 +105,8 @@ class RolloutActor:
 
     async def _send(self, group: TrajectoryGroup) -> None:
         loop = asyncio.get_running_loop()
-        sent = await send_unless_stopped(
-            lambda timeout_s: loop.run_in_executor(self._send_pool, self._sender.send, group, timeout_s),
-            self.cfg.transport.send_timeout_s, lambda: self._stop)
-        self._sent += int(sent)
+        await loop.run_in_executor(self._send_pool, self._sender.send, group)
+        self._sent += 1
 
     async def start(self) -> None:
         assert self.worker is not None, "call setup() first"
@@ -201,24 +193,6 @@ class RolloutActor:
                 log.warning("rollout actor %s: leaving the weight group failed: %s", self.worker_id, e)
             self.receiver = None
         self._send_pool.shutdown(wait=False)
-
-
-async def send_unless_stopped(send: Callable[[float], Awaitable[None]], timeout_s: float,
-                              stopping: Callable[[], bool], slice_s: float = SEND_SLICE_S) -> bool:
-    """Queue one message with ``send(timeout)`` in attempts of at most ``slice_s``: True once it is queued,
-    False if ``stopping()`` turned true while the receiver had no room (the message is dropped), and
-    :class:`TransportTimeout` after ``timeout_s`` without room, as one ``send`` of ``timeout_s`` would."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        try:
-            await send(min(slice_s, max(0.0, deadline - loop.time())))
-            return True
-        except TransportTimeout:
-            if stopping():
-                return False
-            if loop.time() >= deadline:
-                raise
 
 
 def hash_worker(worker_id: str) -> int:
