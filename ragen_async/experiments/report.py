@@ -704,9 +704,13 @@ def _against_sync_section(summaries: Sequence[RunSummary]) -> list[str]:
             age = float(np.mean([s.staleness_mean for s in group]))
             predicted = MISSING if s0.plain else study.format_bounds(*study.predicted_mean(
                 [s.staleness_mean for s in plain], [s.mean_val for s in plain], age, len(group)), ".3f")
-            same_k = uncorrected.get((s0.k, s0.lag), [])
+            # What a correction buys back (the uncorrected runs at its k and lag), or an adaptive bound against
+            # the fixed bound it starts from (bounded, uncorrected, same k).
+            against = ((s0.k, s0.lag) if s0.off_policy != "none" else (s0.k, "bounded") if s0.lag == "adaptive"
+                       else None)
+            same_k = uncorrected.get(against, []) if against else []
             against_none = (study.format_bounds(*study.welch_difference([s.mean_val for s in group], same_k), "+.3f")
-                            if s0.off_policy != "none" and same_k else MISSING)
+                            if same_k else MISSING)
             rows.append([s0.k_label, s0.lag, s0.off_policy, len(group), _f(age, ".2f"),
                          *(study.format_bounds(*d, "+.3f") for d in diffs),
                          _f(float(np.mean([s.mean_val for s in group]))), predicted, against_none])
@@ -722,12 +726,13 @@ def _against_sync_section(summaries: Sequence[RunSummary]) -> list[str]:
                   "those runs (fixed lag, a correction, an adaptive bound), the mean validation success after step 0 "
                   "that trend predicts at the cell's mean age, with the 95 % prediction interval for the mean of as "
                   "many runs (`study.predicted_mean`): a cell inside it behaves as its staleness alone predicts. "
-                  "Against no correction: for a corrected cell, the difference of its mean validation success after "
+                  "Against the same k: for a corrected cell, the difference of its mean validation success after "
                   "step 0 from that of the uncorrected runs at the same k and lag (Welch's 95 % interval): what the "
-                  "correction buys back.", ""]
+                  "correction buys back; for an adaptive bound, from that of the fixed bound it starts from (bounded, "
+                  "no correction, the same k).", ""]
         lines += _table(["k", "lag", "correction", "runs", "staleness mean", "Δ mean val after step 0", "Δ final val",
                          "mean val after step 0", "predicted by the bounded trend",
-                         "Δ mean val vs no correction, same k"], rows) if rows else []
+                         "Δ mean val vs same k (uncorrected; adaptive: fixed bound)"], rows) if rows else []
         for (slope, low, high, p, n), what in zip(trends, ("mean validation success after step 0",
                                                            "final validation success"), strict=True):
             if math.isfinite(slope):

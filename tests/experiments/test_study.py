@@ -320,8 +320,13 @@ def test_an_adaptive_bound_is_its_own_arm_not_a_seed_of_the_fixed_bound(tmp_path
     assert by_name["adaptive-s0"].cell_key != by_name["k8-s0"].cell_key
     md = result.markdown.read_text()
     section = md.split("## Against synchronous training")[1].split("\n## ")[0]
-    assert [line.split(" | ")[1] for line in section.splitlines() if line.startswith("| 8 |")] == ["bounded",
-                                                                                                 "adaptive"]
+    rows = [line for line in section.splitlines() if line.startswith("| 8 |")]
+    assert [line.split(" | ")[1] for line in rows] == ["bounded", "adaptive"]
+    # The adaptive cell against the fixed bound it starts from (the bounded k = 8 runs); the fixed one has none.
+    fixed_k8 = [by_name[f"k8-s{seed}"].mean_val for seed in range(2)]
+    adaptive = [by_name[f"adaptive-s{seed}"].mean_val for seed in range(2)]
+    expected = study.format_bounds(*study.welch_difference(adaptive, fixed_k8), "+.3f")
+    assert expected != "—" and rows[1].endswith(f"| {expected} |") and rows[0].endswith("| — |"), rows
     assert "on realised mean staleness (4 runs)" in section
     equal_time = md.split("## At equal time")[1].split("\n## ")[0]
     assert len([line for line in equal_time.splitlines() if line.startswith("| 8")]) == 1
