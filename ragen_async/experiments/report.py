@@ -16,7 +16,7 @@ directories, sweep directories, or folders holding either) and writes into ``out
   valid-action rate, behaviour/learner KL and mean staleness against the learner step, one line per run, coloured by ``max_staleness`` (solid
   = bounded, dashed = fixed lag, dotted = adaptive bound);
 * ``staleness_stability.png``: final and mean validation success and largest gradient norm against k, one
-  marker shape per off-policy correction (filled: bounded; hollow: fixed lag or adaptive bound), each
+  marker shape per off-policy correction (filled: bounded; hollow: fixed lag; lightly filled: adaptive bound), each
   (k, correction, lag, step size) as its mean over seeds with a 95 % interval;
 * ``cells_val_success.png``: validation success per cell (mean over seeds, 95 % band) against the
   learner step and against training wall-clock.
@@ -998,12 +998,20 @@ SUMMARY_PANELS = (("final_val", "final validation success", (0.0, 1.0)),
 """The summary plot's panels: attribute, label, and the range its intervals are clipped to."""
 
 
+def _face(color: str, lag: str) -> Any:
+    """A marker's fill by lag mode: filled for bounded, hollow for fixed lag, lightly filled for an adaptive
+    bound (at one k a fixed-lag and an adaptive cell would otherwise look alike)."""
+    from matplotlib.colors import to_rgba
+
+    return color if lag == "bounded" else "none" if lag == "fixed" else to_rgba(color, 0.3)
+
+
 def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path | None:
     """Final validation success, mean validation success after step 0 and largest gradient norm against k:
     every run as a point, and per
     (correction, lag, step size) the mean over seeds at each k with its 95 % interval, clipped to the
     quantity's range (a success stays in [0, 1], a norm above 0). A marker shape per correction, filled
-    for bounded and hollow otherwise, a line style per lag mode (``LINESTYLES``); the step size is named
+    for bounded, hollow for fixed lag, lightly filled for an adaptive bound (``_face``), a line style per lag mode (``LINESTYLES``); the step size is named
     in the legend where it varies. Finished runs only."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
@@ -1038,7 +1046,7 @@ def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path |
             ys = np.array([getattr(s, attr) for s in members])
             color = group_color[(mode, lr)]
             ax.scatter(xs + offsets[group], ys, marker=MARKERS.get(mode, "D"), s=36, alpha=0.8,
-                       facecolors=color if lag == "bounded" else "none", edgecolors=color)
+                       facecolors=_face(color, lag), edgecolors=color)
             cells = [(x + offsets[group], *study.error_bar(ys[xs == x].tolist(), low, high)) for x in np.unique(xs)]
             ax.errorbar([c[0] for c in cells], [c[1] for c in cells], yerr=[[c[2] for c in cells], [c[3] for c in cells]],
                         color=color, ls=LINESTYLES[lag], lw=1, alpha=0.8, capsize=4)
@@ -1052,7 +1060,7 @@ def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path |
         return f"{mode} · {LAG_NAMES[lag]}{step}"
 
     handles = [Line2D([], [], color=group_color[(m, lr)], marker=MARKERS.get(m, "D"), ls=LINESTYLES[lag],
-                      markerfacecolor=group_color[(m, lr)] if lag == "bounded" else "none", label=legend(m, lag, lr))
+                      markerfacecolor=_face(group_color[(m, lr)], lag), label=legend(m, lag, lr))
                for m, lag, lr in groups]
     axes[-1].legend(handles=handles, fontsize=8, frameon=False, loc="best")
     return _save(fig, out / "staleness_stability.png")
