@@ -1011,8 +1011,8 @@ def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path |
     every run as a point, and per
     (correction, lag, step size) the mean over seeds at each k with its 95 % interval, clipped to the
     quantity's range (a success stays in [0, 1], a norm above 0). A marker shape per correction, filled
-    for bounded, hollow for fixed lag, lightly filled for an adaptive bound (``_face``), a line style per lag mode (``LINESTYLES``); the step size is named
-    in the legend where it varies. Finished runs only."""
+    for bounded, hollow for fixed lag, lightly filled for an adaptive bound (``_face``), a line style per lag
+    mode (``LINESTYLES``); the step size is named in the legend where it varies. Finished runs only."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
