@@ -423,30 +423,39 @@ def bench_learner_cmd(
     trajectories: Annotated[int, typer.Option(help="trajectories per step (a paper step's share of one rank: 8)")] = 8,
     checkpointing: Annotated[list[str] | None, typer.Option(
         help="activation checkpointing settings to time: off, on (repeatable; default both)")] = None,
+    dtype: Annotated[list[str] | None, typer.Option(
+        help="model.dtype settings to time (repeatable; default bfloat16); with float32 first, each row's first "
+             "update is compared with float32's")] = None,
     peak_tflops: Annotated[float, typer.Option(help="the device's bf16 peak, MFU's denominator")] = 790.0,
     json_out: Annotated[Path | None, typer.Option("--json", help="also write the rows as JSON here")] = None,
     out: Annotated[Path | None, typer.Option(help="append the table to this markdown file")] = None,
 ) -> None:
     """One learner rank's StarPO-S step at paper scale: tokens/s, peak memory and MFU, with and without
-    activation checkpointing."""
+    activation checkpointing, per compute dtype (fp32 master weights in every setting)."""
     from ragen_async.experiments.learner_bench import bench_learner, format_table, rows_json
 
     settings = checkpointing or ["off", "on"]
     if bad := [c for c in settings if c not in ("off", "on")]:
         raise typer.BadParameter(f"--checkpointing takes off or on, not {', '.join(bad)}")
+    dtypes = dtype or ["bfloat16"]
+    if bad := [d for d in dtypes if d not in ("float32", "bfloat16", "float16")]:
+        raise typer.BadParameter(f"--dtype takes float32, bfloat16 or float16, not {', '.join(bad)}")
     if device.startswith("cuda"):
         import torch
 
         if not torch.cuda.is_available():
             raise typer.BadParameter(f"--device {device}: torch sees no CUDA device here (use --device cpu)")
     rows = bench_learner(shape, device, tuple(c == "on" for c in settings), steps, warmup, trajectories,
-                         peak_flops=peak_tflops * 1e12,
-                         on_row=lambda r: print(f"  {r.shape} on {r.device}, checkpointing "
-                                                f"{'on' if r.checkpointing else 'off'}: {r.step_s:.3f} s/step", flush=True))
+                         peak_flops=peak_tflops * 1e12, dtypes=tuple(dtypes),
+                         on_row=lambda r: print(f"  {r.shape} on {r.device}, {r.dtype} ({r.compute_dtype} compute), "
+                                                f"checkpointing {'on' if r.checkpointing else 'off'}: {r.step_s:.3f} s/step",
+                                                flush=True))
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(rows_json(rows), indent=1))
-    _print_bench("Learner benchmark", f"ragen-async bench learner --shape {shape} --device {device} --steps {steps}",
+    dtype_args = "".join(f" --dtype {d}" for d in dtypes)
+    _print_bench("Learner benchmark",
+                 f"ragen-async bench learner --shape {shape} --device {device} --steps {steps}{dtype_args}",
                  "one rank's share of a paper-scale step (configs/paper/starpo_s_sokoban.yaml: 8 trajectories of up to "
                  "4,000 tokens), synthetic token ids; MFU = 6 x parameters x tokens x (actor + critic) / step time / "
                  f"{peak_tflops:g} TFLOP/s", format_table(rows), out)

@@ -29,7 +29,9 @@ class ModelConfig(_Strict):
     path: str = "artifacts/tiny-model"
     """A local directory with a Hugging Face causal LM and tokenizer (never fetched from a hub)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Learner and engine dtype. float32 keeps engine/learner log-probs in tight agreement on CPU."""
+    """The learner's compute dtype and the engines' weights; the learner stores weights, gradients, optimizer
+    state and checkpoints in float32 whatever this is (fp32 masters), and computes in float32 on a CPU without
+    native bf16 kernels. float32 keeps engine/learner log-probs in tight agreement on CPU."""
     critic_path: str | None = None
     """Base model of the critic; ``None`` = the actor's base (RAGEN)."""
     gradient_checkpointing: bool = False
@@ -172,6 +174,8 @@ class LearnerConfig(_Strict):
     """Passes over each step's batch (PPO epochs), each one optimizer step per mini-batch."""
     num_ranks: int = Field(1, ge=1)
     """Learner processes in the torch.distributed group (``runtime: ray``)."""
+    group_timeout_s: float = Field(1800.0, gt=0)
+    """Seconds the learner ranks' group waits in a collective: rank 0 reads a checkpoint while the others wait."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """torch.distributed backend of a multi-rank learner: ``auto`` = nccl on GPU, gloo on CPU."""
     strategy: Literal["ddp", "fsdp"] = "ddp"
@@ -247,7 +251,7 @@ class WeightSyncConfig(_Strict):
     backend: Literal["auto", "gloo", "nccl", "rpc"] = "auto"
     """``auto`` = nccl on GPU, gloo on CPU; ``rpc`` ships tensors through the engine's RPC (tests)."""
     timeout_s: float = Field(120.0, gt=0)
-    """Seconds a weight sync (and the learner group's rendezvous and collectives) may take before it fails."""
+    """Seconds a weight sync may take before it fails (the learner ranks' own group: ``learner.group_timeout_s``)."""
     verify_every: int = Field(0, ge=0)
     """Every this many syncs, compare each engine's log-probs of a fixed probe sequence with the
     learner's under the version published (fixed lag: the older one), as ``weight_sync/probe_max_abs_diff``; 0 = never."""
@@ -304,9 +308,11 @@ class RunConfig(_Strict):
     """The run's sampling seed: mixed into every training request's seed and the engines' seeds. The levels
     played (``rollout.seed``) and the validation samples stay fixed, so runs that differ only here are paired."""
     run_root: str = "runs"
-    """Folder under which each run gets its own directory."""
+    """Folder under which each run gets its own directory; on a multi-node run (``runtime: ray``) an absolute
+    path on storage every node shares (a relative one is refused)."""
     checkpoint_every: int = Field(0, ge=0)
-    """Save a checkpoint every this many steps (0 = only at the end)."""
+    """Save a checkpoint every this many steps (0 = only at the end; a run that fails between steps also
+    saves its last completed step)."""
     record_provenance: bool = True
     """Write ``provenance.jsonl``: per learner step, every consumed group's id, seed, worker and the
     policy versions of its tokens, so staleness can be audited (and the schedule replayed) offline."""

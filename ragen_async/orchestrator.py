@@ -13,7 +13,9 @@ Validation, checkpoints, the time budget, resume and the weight-sync probe exist
 
 A checkpoint holds the learner side (``runtime.save``) plus ``driver_state.json`` (step, version,
 admission state); ``--resume`` continues exactly from it: outstanding groups are replayed under their
-own index and seed, and metrics/provenance records past the checkpoint are rewound.
+own index and seed, and metrics/provenance records past the checkpoint are rewound. A run that fails
+outside the learner's own work (a dead rollout actor or engine, a failed weight sync, validation) first
+saves its last completed learner step (:meth:`Trainer.save_on_failure`), so it ends resumable.
 """
 
 from __future__ import annotations
@@ -37,14 +39,15 @@ from ragen_async.buffer import Batch, TrajectoryBuffer
 from ragen_async.collapse import SIGNALS, CollapseWatch, EarlyWarning, stale_tokens
 from ragen_async.config import RunConfig, load_config
 from ragen_async.engine_pool import EnginePool
-from ragen_async.logfiles import keep_traceback, log_dir, loggers_to, output_to
+from ragen_async.logfiles import keep_traceback, log_dir, loggers_to, one_line, output_to
 from ragen_async.metrics import ConsoleSink, JsonlSink, MetricsSink, MultiSink, WandbSink, resolve_wandb_mode
 from ragen_async.protocol import NO_VERSION
 from ragen_async.provenance import ProvenanceLog, rewind_jsonl
 from ragen_async.rollout.worker import rollout_metrics
-from ragen_async.rundir import DRIVER_STATE, RunDir, finalize_checkpoint, staging_path
+from ragen_async.rundir import DRIVER_STATE, RunDir, finalize_checkpoint, refuse_relative, staging_path
 from ragen_async.runtime import Runtime
 from ragen_async.staleness import AdaptiveBound
+from ragen_async.weight_sync.probe import check_probe
 
 log = logging.getLogger(__name__)
 
@@ -91,13 +94,16 @@ def make_buffer(cfg: RunConfig) -> TrajectoryBuffer:
         group_size=cfg.rollout.group_size)
 
 
-def make_runtime(cfg: RunConfig, log_dir: Path | None = None, pool: EnginePool | None = None) -> Runtime:
+def make_runtime(cfg: RunConfig, log_dir: Path | None = None, pool: EnginePool | None = None,
+                 run_dir_given: tuple[str | Path, str] | None = None) -> Runtime:
     """The configured runtime; engine and worker output goes to files in ``log_dir`` (None: the console).
-    ``pool``: warm rollout actors the Ray runtime takes and gives back (the local runtime ignores it)."""
+    ``pool``: warm rollout actors the Ray runtime takes and gives back (the local runtime ignores it).
+    ``run_dir_given``: the run directory as the user gave it and how (``run_root``, ``--run-dir``,
+    ``--resume``); the Ray runtime refuses a relative one once it sees a cluster of several nodes."""
     if cfg.runtime == "ray":
         from ragen_async.ray_runtime import RayRuntime
 
-        return RayRuntime(cfg, log_dir, pool)
+        return RayRuntime(cfg, log_dir, pool, run_dir_given=run_dir_given)
     import torch
 
     from ragen_async.runtime import LocalRuntime
@@ -131,6 +137,15 @@ class StopRequest:
         return {s: signal.signal(s, self) for s in STOP_SIGNALS}
 
 
+def checkpoint_ranks(runtime: Runtime) -> int:
+    """How many learner ranks' files a checkpoint of ``runtime`` must hold, from the config, never from the
+    files present: the local runtime's one learner, the Ray runtime's ``learner.num_ranks``; 0 for a
+    runtime with no learner (the simulated cluster, tests' stand-ins)."""
+    from ragen_async.runtime import LocalRuntime
+
+    return 1 if isinstance(runtime, LocalRuntime) else int(getattr(runtime, "checkpoint_ranks", 0))
+
+
 class Trainer:
     """Owns one run: the loop, the buffer, provenance, checkpoints; the runtime does the placing."""
 
@@ -158,9 +173,26 @@ class Trainer:
         s = cfg.staleness
         self.bound = AdaptiveBound(s.max_staleness, s.adaptive_min_k, s.adaptive_patience) if s.adaptive else None
         """Adaptive staleness (``staleness.adaptive``): the warnings move the bound."""
+        self.completed = 0
+        """The last learner step whose update the learner holds (what a failure saves)."""
+        self.saved_step: int | None = None
+        """The step of the latest checkpoint of this run (written or resumed from)."""
+        self._learner_busy = False
+        """True while the learner trains or a checkpoint is written: a failure there is not followed by a save."""
 
     # ------------------------------------------------------------------ the loop
     async def run(self) -> dict[str, float]:
+        """The loop; an error that ends it first saves the last completed step (:meth:`save_on_failure`)."""
+        self.completed = self.start_step
+        try:
+            return await self._run()
+        except Interrupted:
+            raise
+        except Exception as e:
+            await self.save_on_failure(e)
+            raise
+
+    async def _run(self) -> dict[str, float]:
         cfg, rt = self.cfg, self.runtime
         last_val: dict[str, float] = {}
         if self.version > 0:
@@ -177,9 +209,11 @@ class Trainer:
             batch = await self.collect(step)
             wait_s = time.perf_counter() - t_step
             t0 = time.perf_counter()
+            self._learner_busy = True
             result = await rt.train(batch.shards)
+            self._learner_busy = False
             train_s = time.perf_counter() - t0
-            self.version = result.version
+            self.version, self.completed = result.version, step + 1
             sync = await self.publish()
             stats = await rt.rollout_stats()
             step_s = time.perf_counter() - t_step
@@ -281,8 +315,9 @@ class Trainer:
         every = self.cfg.weight_sync.verify_every
         if every and self.syncs % every == 0:  # under fixed lag against the older version the engines got
             learner_lp, engine_lps = await self.runtime.probe(probe_ids(self.runtime.vocab_size), target)
-            out["weight_sync/probe_max_abs_diff"] = max(
-                float(np.max(np.abs(np.asarray(e[1:]) - np.asarray(learner_lp[1:])))) for e in engine_lps)
+            # Above the dtype's tolerance an engine samples from other weights than the learner's: stop.
+            out["weight_sync/probe_max_abs_diff"] = check_probe(learner_lp, engine_lps, version=target,
+                                                                dtype=self.cfg.model.dtype)
         return out
 
     def record(self, step, batch: Batch, learner_metrics, sync, prev_stats, stats, wait_s, train_s, step_s,
@@ -323,7 +358,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     async def save(self, step: int) -> Path:
-        """Learner side (runtime) + driver state, written to a staging directory, then renamed (atomic)."""
+        """Learner side (runtime) + driver state, written to a staging directory, then renamed (atomic) once
+        every learner rank's files are there."""
+        self._learner_busy = True  # a save that fails is not tried again by save_on_failure
         path = staging_path(self.run_dir, step)
         await self.runtime.save(path, step)
         state = {"step": step, "version": self.version, "syncs": self.syncs,
@@ -332,7 +369,35 @@ class Trainer:
                  "budget": self.budget.state(), "collapse_watch": self.collapse_watch.state(),
                  "duplicate_groups": self.duplicates}
         (path / DRIVER_STATE).write_text(json.dumps(state))
-        return finalize_checkpoint(self.run_dir, path, step)
+        final = finalize_checkpoint(self.run_dir, path, step, learner_ranks=checkpoint_ranks(self.runtime))
+        self.saved_step, self._learner_busy = step, False
+        return final
+
+    async def save_on_failure(self, error: Exception) -> None:
+        """The run is ending on ``error``. Unless it came from the learner's own work (a step or a save under
+        way, or a dead learner rank), the learner's state is that of the last completed step, consistent
+        between steps: save it (unless the latest checkpoint already holds it), bounded by
+        ``learner.group_timeout_s``, and say in one line (logged, and noted on the error) where the
+        checkpoint is and how to continue. A rollout actor or engine that dies on the NCCL path (which
+        cannot replace it), a weight sync or validation that fails, all end here. After a failed weight
+        sync the learner holds the step just trained, whose metrics record was not yet written: the resumed
+        run continues after it, without that one record."""
+        if self._learner_busy or getattr(self.runtime, "learners_broken", False):
+            return
+        step, resume = self.completed, f"ragen-async train --resume {self.run_dir.path}"
+        if step in (self.start_step, self.saved_step):
+            held = f"checkpoint step_{step:06d}" if self.saved_step == step else "no checkpoint: it starts over"
+            line = f"run failed at learner step {step}, nothing new to save ({held}); continue with: {resume}"
+        else:
+            try:
+                path = await asyncio.wait_for(self.save(step), self.cfg.learner.group_timeout_s)
+                line = f"run failed after learner step {step}: checkpoint written to {path}; continue with: {resume}"
+            except Exception as save_error:  # noqa: BLE001 - the run's own error is the one to raise
+                why = one_line(save_error) if str(save_error) else \
+                    f"no answer within learner.group_timeout_s={self.cfg.learner.group_timeout_s:g} s"
+                line = f"run failed after learner step {step}, and saving that step failed too: {why}"
+        log.error(line)
+        error.add_note(line)
 
     async def resume(self, checkpoint: Path) -> None:
         state = json.loads((checkpoint / DRIVER_STATE).read_text())
@@ -341,6 +406,7 @@ class Trainer:
             raise RuntimeError(f"{checkpoint}: learner is at version {self.version}, driver state says "
                                f"{state['version']}")
         self.start_step, self.syncs = int(state["step"]), int(state["syncs"])
+        self.completed = self.saved_step = self.start_step
         await self.runtime.admission.restore(state["admission"])
         if "early_warning" in state:
             self.warnings.restore(state["early_warning"])
@@ -372,6 +438,8 @@ def train(cfg: RunConfig | None = None, *, resume: Path | None = None, runtime: 
         if not run_dir.config_path.is_file():
             raise FileNotFoundError(f"{resume} is not a run directory (no config.yaml)")
         cfg = load_config(run_dir.config_path)
+        given: tuple[str | Path, str] = (resume, "--resume")
+        _refuse_relative_on_multi_node(cfg, given)
         checkpoint = run_dir.latest_checkpoint()
         # Without a checkpoint (stopped before its first one, or weights not kept) the run starts over.
         step = -1 if checkpoint is None else int(json.loads((checkpoint / DRIVER_STATE).read_text())["step"])
@@ -385,6 +453,8 @@ def train(cfg: RunConfig | None = None, *, resume: Path | None = None, runtime: 
             rewind_jsonl(run_dir.path / "provenance.jsonl", step, key="step")
     else:
         assert cfg is not None
+        given = (run_dir_path, "--run-dir") if run_dir_path is not None else (cfg.run_root, "run_root")
+        _refuse_relative_on_multi_node(cfg, given)
         run_dir = RunDir.create(cfg, run_dir_path)
     print(f"run directory: {run_dir.path}", flush=True)
     logs = log_dir(run_dir.path)
@@ -396,7 +466,7 @@ def train(cfg: RunConfig | None = None, *, resume: Path | None = None, runtime: 
     stop = StopRequest()
     previous = stop.install()  # before the runtime: a stop during its start-up (engines, actors) counts too
     try:
-        runtime = runtime if runtime is not None else make_runtime(cfg, logs, pool)
+        runtime = runtime if runtime is not None else make_runtime(cfg, logs, pool, given)
         last = run_trainer(cfg, run_dir, sink, runtime, checkpoint, stop=stop)
         exit_code = 0
         return run_dir.path, last
@@ -409,6 +479,16 @@ def train(cfg: RunConfig | None = None, *, resume: Path | None = None, runtime: 
             signal.signal(signum, handler)
         sink.close(exit_code)
         reaper.stop(watchdog)
+
+
+def _refuse_relative_on_multi_node(cfg: RunConfig, given: tuple[str | Path, str]) -> None:
+    """Before anything is written: a Ray run whose directory is relative, on an allocation of several nodes
+    (SLURM's, or a Ray cluster this process is already connected to), is refused. A cluster reached
+    through ``RAY_ADDRESS`` is counted once the runtime connects (``RayRuntime``)."""
+    if cfg.runtime == "ray":
+        from ragen_async.ray_runtime import multi_node
+
+        refuse_relative(*given, multi_node())
 
 
 def run_trainer(cfg: RunConfig, run_dir: RunDir, sink: MetricsSink, runtime: Runtime,

@@ -43,6 +43,7 @@ from ragen_async.learner.actor import LearnerActor
 from ragen_async.learner.learner import TrainResult, merge_rank_metrics
 from ragen_async.protocol import AnyGroup, BatchShard, TrajectoryGroup
 from ragen_async.rollout.actor import GateActor, RolloutActor
+from ragen_async.rundir import refuse_relative
 from ragen_async.runtime import Admission, Runtime
 from ragen_async.transport import bind_address, make_receiver, make_sender
 from ragen_async.weight_sync import WeightSyncTimeout, resolve_backend
@@ -59,6 +60,20 @@ def _failed(ref: Any) -> bool:
     except Exception:  # noqa: BLE001 - any error means this call failed
         return True
     return False
+
+
+def multi_node() -> str | None:
+    """Why this run spans several nodes, or ``None``: a SLURM allocation of more than one node
+    (``SLURM_JOB_NUM_NODES`` or ``SLURM_NNODES``), or a connected Ray cluster with more than one alive node."""
+    for var in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        value = os.environ.get(var, "")
+        if value.isdigit() and int(value) > 1:
+            return f"{var}={value}"
+    if ray.is_initialized():
+        alive = sum(1 for node in ray.nodes() if node.get("Alive"))
+        if alive > 1:
+            return f"the Ray cluster has {alive} alive nodes"
+    return None
 
 
 def check_cluster_fits(cfg: RunConfig, resources: dict[str, float]) -> None:
@@ -100,7 +115,14 @@ class RayRuntime(Runtime):
     HEALTH_CHECK_S = 2.0
     """How often ``receive`` asks the rollout actors whether their loops are still alive."""
 
-    def __init__(self, cfg: RunConfig, log_dir: Path | None = None, pool: EnginePool | None = None):
+    checkpoint_ranks = 0
+    """Learner ranks whose files a checkpoint must hold: ``learner.num_ranks`` once they are built (a
+    subclass with stand-in learners, as the simulated cluster's, writes none)."""
+
+    def __init__(self, cfg: RunConfig, log_dir: Path | None = None, pool: EnginePool | None = None,
+                 run_dir_given: tuple[str | Path, str] | None = None):
+        """``run_dir_given``: the run directory as the user gave it and how (``run_root``, ``--run-dir``,
+        ``--resume``): refused, before any actor starts, if it is relative and the cluster has several nodes."""
         self.cfg = cfg
         self.log_dir = log_dir  # each actor's output goes to a file there (None: the console)
         self.pool = pool  # warm rollout actors to take, and to give back at the end (None: start and end our own)
@@ -122,6 +144,8 @@ class RayRuntime(Runtime):
         self._last_stats: list[dict[str, float]] = []
         self._init_ray()
         try:
+            if run_dir_given is not None:  # the cluster is known now (a RAY_ADDRESS cluster, e.g. a Ray job's)
+                refuse_relative(*run_dir_given, multi_node())
             self._build()
         except BaseException:
             self.close()  # half-built actors and the Ray we started must not outlive the error
@@ -179,7 +203,7 @@ class RayRuntime(Runtime):
         self._keys = [engine_key(cfg, f"w{i}", self.weight_backend) for i in range(cfg.rollout.num_workers)]
         self.rollouts = [self._pooled_actor(i) for i in range(cfg.rollout.num_workers)]
         new = [i for i, actor in enumerate(self.rollouts) if actor is None]
-        L = cfg.learner.num_ranks
+        L = self.checkpoint_ranks = cfg.learner.num_ranks
         if self.pool is not None:  # idle actors of other runs hold the resources the new actors need
             self.pool.make_room(cpus=len(new) * cfg.rollout.cpus_per_worker + L * cfg.learner.cpus_per_rank,
                                 gpus=len(new) * cfg.rollout.gpus_per_worker + L * cfg.learner.gpus_per_rank)
@@ -377,13 +401,21 @@ class RayRuntime(Runtime):
         self._last_stats = stats
         return stats
 
+    @property
+    def learners_broken(self) -> bool:
+        """A learner rank died: the others may be stuck in a collective with it (nothing can be saved)."""
+        return self._learners_broken
+
     async def save(self, path: Path, step: int) -> None:
-        await asyncio.gather(*[lrn.save_checkpoint.remote(str(path), step) for lrn in self.learners])
+        # An absolute path: the ranks' working directories need not be the driver's (another node's, a job's).
+        target = str(Path(path).absolute())
+        await asyncio.gather(*[lrn.save_checkpoint.remote(target, step) for lrn in self.learners])
         counters = {"actor_restarts": self.restarts, "abandoned_groups": self.abandoned}
         (Path(path) / RUNTIME_STATE).write_text(json.dumps(counters))
 
     async def load(self, path: Path) -> int:
-        versions = await asyncio.gather(*[lrn.load_checkpoint.remote(str(path)) for lrn in self.learners])
+        versions = await asyncio.gather(*[lrn.load_checkpoint.remote(str(Path(path).absolute()))
+                                          for lrn in self.learners])
         counters = Path(path) / RUNTIME_STATE
         if counters.is_file():  # (checkpoints written before 2026-12-03 do not have it)
             state = json.loads(counters.read_text())

@@ -7,8 +7,12 @@ the same W&B run).
 Checkpoints are written atomically: into ``checkpoints/.step_NNNNNN.partial/``, then a ``MANIFEST.json``
 (size and SHA-256 of every file) and the ``COMPLETE`` marker, then one rename to ``step_NNNNNN/``. A
 crash mid-write leaves only a partial directory, never a half-written checkpoint under its final name.
-On resume :meth:`RunDir.latest_checkpoint` verifies the manifest of the newest checkpoint and falls back
-to the previous one, with a warning, if a file is missing, truncated or corrupted.
+A checkpoint is marked COMPLETE only when every learner rank's files are there: ``learner_rank{r}.pt``
+for each of the config's ``learner.num_ranks`` ranks (never counted from the files this node sees: on a
+cluster a rank on another node may have written elsewhere), and rank 0's shared state (``learner_state/``,
+or ``learner_state.pt`` in older checkpoints) and ``actor/`` weights; ``COMPLETE`` lists them with their
+SHA-256. On resume :meth:`RunDir.latest_checkpoint` verifies the manifest (and that list) of the newest
+checkpoint and falls back to the previous one, with a warning, if a file is missing, truncated or corrupted.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from ragen_async.config import RunConfig, dump_config
 
 log = logging.getLogger(__name__)
 MANIFEST = "MANIFEST.json"
+COMPLETE = "COMPLETE"
+"""The marker of a finished checkpoint: JSON naming the learner ranks and the files they must have written."""
 DRIVER_STATE = "driver_state.json"
 """The driver's part of a checkpoint: its step, the admission state, the budget spent."""
 
@@ -89,6 +95,24 @@ class RunDir:
         (self.path / "run_state.json").write_text(json.dumps(state))
 
 
+class RelativeRunDir(ValueError):
+    """A relative run directory on a multi-node run."""
+
+
+def refuse_relative(path: str | Path, option: str, multi_node: str | None) -> None:
+    """Refuse a relative run directory on a multi-node run (``multi_node``: why it is one, or ``None``): each
+    node resolves the path against its own working directory (under Ray's Jobs API each node unpacks its own
+    copy of the job's), so a learner rank on another node would write its checkpoint files there, out of
+    the head's sight. ``option`` names where the path came from: ``run_root``, ``--run-dir`` or ``--resume``."""
+    if multi_node is None or Path(path).is_absolute():
+        return
+    fix = {"run_root": "set run_root to a shared absolute path, e.g. run_root=/shared/runs",
+           "--run-dir": "give --run-dir as a shared absolute path, e.g. --run-dir /shared/runs/NAME",
+           "--resume": "give --resume the run directory's shared absolute path"}[option]
+    raise RelativeRunDir(f"{option} {str(path)!r} is relative: on a multi-node run ({multi_node}) each node has "
+                         f"its own working directory; {fix}")
+
+
 def staging_path(run_dir: RunDir, step: int) -> Path:
     """Where the checkpoint of ``step`` is written before :func:`finalize_checkpoint` (emptied first)."""
     path = run_dir.checkpoints / f".step_{step:06d}.partial"
@@ -106,12 +130,50 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def finalize_checkpoint(run_dir: RunDir, staging: Path, step: int) -> Path:
-    """Write the manifest and the ``COMPLETE`` marker into ``staging``, then rename it to its final name."""
+class IncompleteCheckpoint(RuntimeError):
+    """A checkpoint lacks a file a learner rank must have written; it is not marked COMPLETE."""
+
+
+def learner_files(staging: Path, num_ranks: int) -> list[str]:
+    """The files ``num_ranks`` learner ranks must have written into a checkpoint: ``learner_rank{r}.pt`` for
+    each rank; rank 0's shared state: every part in its ``learner_state/`` folder (a part the learner does
+    not have, as an optimizer before its first step, has no file) or else ``learner_state.pt`` (the older
+    single file); and rank 0's actor: ``actor/config.json`` and its safetensors weights (``model.safetensors``,
+    or every shard ``model.safetensors.index.json`` names)."""
+    names = [f"learner_rank{r}.pt" for r in range(num_ranks)]
+    shared = staging / "learner_state"
+    if shared.is_dir():
+        names += sorted(f"learner_state/{p.relative_to(shared)}" for p in shared.rglob("*") if p.is_file())
+    else:
+        names.append("learner_state.pt")
+    names.append("actor/config.json")
+    index = staging / "actor" / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        names += ["actor/model.safetensors.index.json"] + [f"actor/{s}" for s in shards]
+    else:
+        names.append("actor/model.safetensors")
+    return names
+
+
+def finalize_checkpoint(run_dir: RunDir, staging: Path, step: int, learner_ranks: int = 0) -> Path:
+    """Write the manifest and the ``COMPLETE`` marker into ``staging``, then rename it to its final name.
+    ``learner_ranks`` (the config's ``learner.num_ranks``; 0 for a runtime without a learner, as the
+    simulated cluster's) learner ranks must each have written their files (:func:`learner_files`): if
+    one is missing, :class:`IncompleteCheckpoint` is raised and ``staging`` stays unmarked."""
+    required = learner_files(staging, learner_ranks) if learner_ranks else []
+    if missing := [name for name in required if not (staging / name).is_file()]:
+        raise IncompleteCheckpoint(
+            f"checkpoint of step {step} is incomplete, not marked COMPLETE: {', '.join(missing)} missing from "
+            f"{staging} (learner.num_ranks={learner_ranks}: every rank writes learner_rank{{r}}.pt, rank 0 also "
+            f"learner_state and actor/; on a multi-node run the run directory must be on storage every node "
+            f"shares)")
     files = sorted(p for p in staging.rglob("*") if p.is_file())
     manifest = {str(p.relative_to(staging)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files}
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    (staging / "COMPLETE").touch()
+    (staging / COMPLETE).write_text(json.dumps({"step": step, "learner_ranks": learner_ranks,
+                                                "required": {name: manifest[name]["sha256"] for name in required}},
+                                               indent=1))
     final = run_dir.checkpoints / f"step_{step:06d}"
     if final.exists():  # the same step saved again (a resumed run): replace it
         old = final.with_name(final.name + ".old")
@@ -133,6 +195,14 @@ def verify_checkpoint(path: Path) -> str | None:
         manifest = json.loads(manifest_path.read_text())
     except json.JSONDecodeError as e:
         return f"unreadable manifest: {e}"
+    marker = path / COMPLETE
+    try:  # (an empty marker: a checkpoint written before 2026-12-05, checked by its manifest alone)
+        complete = json.loads(marker.read_text()) if marker.is_file() and marker.stat().st_size else {}
+    except json.JSONDecodeError as e:
+        return f"unreadable {COMPLETE} marker: {e}"
+    for name, sha in complete.get("required", {}).items():
+        if manifest.get(name, {}).get("sha256") != sha:
+            return f"{name} (learner files of {complete.get('learner_ranks')} rank(s)) is not in the manifest as marked"
     for name, entry in manifest.items():
         f = path / name
         if not f.is_file():

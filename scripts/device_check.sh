@@ -11,9 +11,12 @@
 # Stages, each with its exit status and duration in DIR/device_check.json:
 #   learner_cuda_tests  tests/learner/test_learner_cuda.py (a StarPO-S step on CUDA equals the CPU step;
 #                       chunked log-probs keep peak memory bounded); skipped without CUDA
-#   learner_bench       ragen-async bench learner: a Qwen2.5-0.5B-shaped model (random weights, bf16), one
-#                       rank's share of a paper step, activation checkpointing off and on: tokens/s, peak
-#                       memory, MFU against 790 TFLOP/s (dry run: the tiny model on the CPU, one step)
+#   learner_bench       ragen-async bench learner: a Qwen2.5-0.5B-shaped model (random weights), one
+#                       rank's share of a paper step in float32 and in bfloat16 (fp32 masters, bf16 compute),
+#                       activation checkpointing off and on: tokens/s, peak memory, MFU against 790 TFLOP/s,
+#                       and whether the mixed-precision learner learns: its first update at lr 1e-6 must move
+#                       > 99 % of the master weights and lie within 0.35 of float32's (relative norm); the
+#                       summary's "mixed_precision" says so (dry run: the tiny model on the CPU, one step)
 #   transport_bench     ragen-async bench transport --pin: each end on its own half of the cores
 #   weights_bench       ragen-async bench weights: the gloo weight sync, tiny model and 0.5B shapes
 # Output in DIR: device_check.json (stages, learner rows, the machine), device_check.log (every stage's
@@ -56,14 +59,14 @@ cli=("$py" -m ragen_async.cli bench)
 if ((dry)); then
     stage learner_cuda_tests "$py" -m pytest -q -rs -p no:cacheprovider tests/learner/test_learner_cuda.py
     stage learner_bench "${cli[@]}" learner --shape tiny --device cpu --steps 1 --warmup 0 --checkpointing off \
-        --json "$out/learner.json" --out "$out/benchmarks.md"
+        --dtype float32 --dtype bfloat16 --json "$out/learner.json" --out "$out/benchmarks.md"
     stage transport_bench "${cli[@]}" transport --pin --groups 20 --repeats 1 --out "$out/benchmarks.md"
     stage weights_bench "${cli[@]}" weights --no-large --repeats 1 --out "$out/benchmarks.md"
 else
     nvidia-smi >> "$log" 2>&1
     stage learner_cuda_tests "$py" -m pytest -q -s -rs -m gpu -p no:cacheprovider tests/learner/test_learner_cuda.py
     stage learner_bench "${cli[@]}" learner --shape qwen0.5b --device cuda --steps 5 --warmup 2 \
-        --json "$out/learner.json" --out "$out/benchmarks.md"
+        --dtype float32 --dtype bfloat16 --json "$out/learner.json" --out "$out/benchmarks.md"
     stage transport_bench "${cli[@]}" transport --pin --groups 2000 --repeats 3 --out "$out/benchmarks.md"
     stage weights_bench "${cli[@]}" weights --repeats 5 --out "$out/benchmarks.md"
 fi
@@ -81,8 +84,13 @@ try:
     machine["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 except ImportError:
     pass
-summary = {"dry_run": dry, "machine": machine, "stages": stages,
-           "learner": json.load(open(learner)) if os.path.exists(learner) else None}
+rows = json.load(open(learner)) if os.path.exists(learner) else None
+# The mixed-precision learner learns: its first update at lr 1e-6 moves nearly every master weight, as fp32's does.
+mixed = [r for r in rows or [] if r["dtype"] == "bfloat16"]
+mp_ok = bool(mixed) and all(r["moved_frac"] > 0.99 and r["update_vs_fp32"] is not None and r["update_vs_fp32"] <= 0.35
+                            for r in mixed)
+stages.append({"stage": "mixed_precision", "exit": 0 if mp_ok else 1, "seconds": 0})
+summary = {"dry_run": dry, "machine": machine, "stages": stages, "learner": rows}
 json.dump(summary, open(os.path.join(out, "device_check.json"), "w"), indent=1)
 if os.path.exists(learner):
     os.remove(learner)  # (in device_check.json now: the device hands back at most 8 files)

@@ -29,3 +29,27 @@ def test_algo_imports_nothing_from_the_package():
     for path in sorted((PKG / "algo").glob("*.py")):
         own = [m for m in _imported_modules(path) if m.startswith("ragen_async") and not m.startswith("ragen_async.algo")]
         assert not own, f"{path.name} imports {own}"
+
+
+def _layers() -> list[set[str]]:
+    import tomllib
+
+    contracts = tomllib.loads((PKG.parent / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (layers,) = [c["layers"] for c in contracts if c["type"] == "layers"]
+    return [{m.strip().removeprefix("ragen_async.") for m in layer.split("|")} for layer in layers]
+
+
+def test_every_module_is_in_the_layers_contract():
+    modules = {p.stem for p in PKG.glob("*.py") if p.stem != "__init__"}
+    modules |= {p.parent.name for p in PKG.glob("*/__init__.py")}
+    listed = set().union(*_layers())
+    assert modules - listed == set(), "not in pyproject.toml's layers contract (import-linter ignores them)"
+    assert listed - modules == set(), "in the layers contract but not in the package"
+
+
+def test_readme_layout_is_the_layers_contract():
+    readme = (PKG.parent / "README.md").read_text()
+    block = readme.split("## Layout", 1)[1].split("```", 2)[1]
+    rows = [line for line in block.splitlines() if line.startswith("  ")]
+    names = [{w.removesuffix(".py").removesuffix("/") for w in row.split() if w.endswith((".py", "/"))} for row in rows]
+    assert names == _layers()

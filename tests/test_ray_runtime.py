@@ -356,7 +356,7 @@ def test_adaptive_staleness_tightens_the_real_gate_of_an_fsdp_pool_and_the_new_b
     assert len(diffs) == 7 and max(diffs) < 1e-4, diffs
     for step in (4, 7):
         ckpt = run_dir.checkpoints / f"step_{step:06d}"
-        assert (ckpt / "actor" / "model.safetensors").exists() and (ckpt / "learner_state.pt").exists()
+        assert (ckpt / "actor" / "model.safetensors").exists() and (ckpt / "learner_state" / "actor_opt.pt").exists()
 
 
 def test_a_staleness_sweep_trains_for_real_on_ray_and_makes_room_for_a_run_that_needs_it(tiny_model_path, tmp_path,

@@ -4,8 +4,11 @@ One rank's share of a paper-scale step (RAGEN's Sokoban config: 8 groups x 16 ep
 kept, four ranks: 8 trajectories of up to 4,000 tokens per rank) is built from synthetic groups
 (:func:`~ragen_async.experiments.components.synthetic_group`, random token ids) and trained with the
 project's :class:`~ragen_async.learner.learner.Learner` (actor and critic, GAE), a few warm-up steps
-and then timed steps. Per setting it reports the median step time, tokens per second, peak device memory
-and the model FLOPs utilisation:
+and then timed steps. A setting is a compute dtype (``model.dtype``: the learner keeps fp32 masters either
+way, ``learner/precision.py``) and activation checkpointing on or off. Per setting it reports the median step
+time, tokens per second, peak device memory, how far the first step's update of the master weights (at the
+paper's lr, 1e-6) is from the float32 setting's (``||u - u_fp32|| / ||u_fp32||``, and the share of weights it
+moved: rounding that swallows updates shows as a share far below 1) and the model FLOPs utilisation:
 
     MFU = 6 * N * T * M / step time / peak,
 
@@ -15,7 +18,7 @@ measured on the device (an H200: about 790 TFLOP/s); on a CPU MFU is not reporte
 
 The model is a Qwen2.5-0.5B-shaped one with random weights (``--shape qwen0.5b``; 0.49 B parameters,
 written once in bf16 to a temporary directory) or the tiny model (``--shape tiny``: the CPU dry run of
-``scripts/device_check.sh``).
+``scripts/device_check.sh``, and float32 beside bfloat16 compute on a CPU).
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ PAPER_CONFIG = "configs/paper/starpo_s_sokoban.yaml"
 class LearnerRow:
     shape: str
     device: str
+    dtype: str
+    compute_dtype: str
     checkpointing: bool
     parameters: int
     trajectories: int
@@ -53,6 +58,8 @@ class LearnerRow:
     tokens_per_s: float
     peak_memory_gib: float
     mfu: float
+    moved_frac: float
+    update_vs_fp32: float
 
 
 def random_qwen(out: Path, dtype: str = "bfloat16") -> Path:
@@ -78,30 +85,40 @@ def make_shard(shape: GroupShape, trajectories: int, vocab: int, cfg):
     return buffer.next_batch(0, 0, 0.0).shards[0]
 
 
+def _master_vector(learner):
+    import torch
+
+    return torch.cat([p.detach().float().flatten() for p in learner.actor.parameters()])
+
+
 def bench_learner(shape: str = "qwen0.5b", device: str = "cuda", checkpointing: tuple[bool, ...] = (False, True),
                   steps: int = 5, warmup: int = 2, trajectories: int = 8, tiny_model: str = "artifacts/tiny-model",
-                  peak_flops: float = H200_BF16_PEAK, on_row=None) -> list[LearnerRow]:
-    """Time the learner's step per ``checkpointing`` setting; ``on_row`` sees each row as it is measured."""
+                  peak_flops: float = H200_BF16_PEAK, on_row=None,
+                  dtypes: tuple[str, ...] = ("bfloat16",)) -> list[LearnerRow]:
+    """Time the learner's step per ``dtypes`` x ``checkpointing`` setting; ``on_row`` sees each row as it is
+    measured. The update comparison needs float32 among ``dtypes`` (first, or it is NaN until then)."""
     import torch
 
     from ragen_async.learner.learner import Learner
 
     rows = []
+    fp32_update: dict[bool, torch.Tensor] = {}
     with tempfile.TemporaryDirectory() as tmp:
         if shape == "qwen0.5b":
-            model_path, dtype, group_shape = str(random_qwen(Path(tmp) / "qwen")), "bfloat16", PAPER
+            model_path, group_shape = str(random_qwen(Path(tmp) / "qwen")), PAPER
         elif shape == "tiny":
-            model_path, dtype = tiny_model, "float32"
+            model_path = tiny_model
             group_shape = GroupShape("tiny", 8, prompt_tokens=300, turns=5, reply_tokens=30, feedback_tokens=60)
         else:
             raise ValueError(f"unknown shape {shape!r}; choose qwen0.5b or tiny")
         vocab = json.loads((Path(model_path) / "config.json").read_text())["vocab_size"]
-        for ckpt in checkpointing:
+        for dtype, ckpt in [(d, c) for d in dtypes for c in checkpointing]:
             cfg = load_config(PAPER_CONFIG, [f"model.path={model_path}", f"model.dtype={dtype}",
                                              f"model.gradient_checkpointing={str(ckpt).lower()}", "learner.num_ranks=1"])
             learner = Learner(cfg, device=device)
             shard = make_shard(group_shape, trajectories, vocab, cfg)
             n_params = sum(p.numel() for p in learner.actor.parameters())
+            before, update = _master_vector(learner), None
             models = 1 + (learner.critic is not None)
             if device.startswith("cuda"):
                 torch.cuda.reset_peak_memory_stats()
@@ -113,33 +130,45 @@ def bench_learner(shape: str = "qwen0.5b", device: str = "cuda", checkpointing: 
                 metrics = learner.train_step(shard).metrics
                 if device.startswith("cuda"):
                     torch.cuda.synchronize()
+                if i == 0:
+                    update = _master_vector(learner).sub_(before)
+                    del before
                 if i >= warmup:
                     times.append(time.perf_counter() - t0)
                     tokens = int(metrics["learner/num_tokens"])
             step_s = statistics.median(times)
             on_gpu = device.startswith("cuda")
+            if dtype == "float32":
+                fp32_update[ckpt] = update
+            ref = fp32_update.get(ckpt)
+            versus = math.nan if ref is None else float((update - ref).norm() / ref.norm())
             row = LearnerRow(
-                shape=shape, device=device, checkpointing=ckpt, parameters=n_params, trajectories=trajectories,
+                shape=shape, device=device, dtype=dtype, compute_dtype=str(learner.compute_dtype).removeprefix("torch."),
+                checkpointing=ckpt, parameters=n_params, trajectories=trajectories,
+                moved_frac=float((update != 0).float().mean()), update_vs_fp32=versus,
                 tokens_per_step=tokens, step_s=step_s, tokens_per_s=tokens / step_s,
                 peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30 if on_gpu else math.nan,
                 mfu=6 * n_params * tokens * models / step_s / peak_flops if on_gpu else math.nan)
             rows.append(row)
             if on_row is not None:
                 on_row(row)
-            del learner
+            del learner, update
             if on_gpu:
                 torch.cuda.empty_cache()
     return rows
 
 
 def format_table(rows: list[LearnerRow]) -> str:
-    lines = ["| shape | device | activation checkpointing | parameters | tokens/step | step (s) | tokens/s | "
-             "peak memory (GiB) | MFU |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| shape | device | model.dtype (compute) | activation checkpointing | parameters | tokens/step | step (s) | "
+             "tokens/s | peak memory (GiB) | MFU | weights moved by step 1 | update vs float32 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         mfu = "—" if math.isnan(r.mfu) else f"{100 * r.mfu:.1f} %"
         mem = "—" if math.isnan(r.peak_memory_gib) else f"{r.peak_memory_gib:.1f}"
-        lines.append(f"| {r.shape} | {r.device} | {'on' if r.checkpointing else 'off'} | {r.parameters / 1e6:.1f} M | "
-                     f"{r.tokens_per_step} | {r.step_s:.3f} | {r.tokens_per_s:,.0f} | {mem} | {mfu} |")
+        versus = "—" if math.isnan(r.update_vs_fp32) else f"{r.update_vs_fp32:.3f}"
+        lines.append(f"| {r.shape} | {r.device} | {r.dtype} ({r.compute_dtype}) | {'on' if r.checkpointing else 'off'} | "
+                     f"{r.parameters / 1e6:.1f} M | {r.tokens_per_step} | {r.step_s:.3f} | {r.tokens_per_s:,.0f} | {mem} | "
+                     f"{mfu} | {100 * r.moved_frac:.1f} % | {versus} |")
     return "\n".join(lines)
 
 

@@ -185,11 +185,14 @@ class VLLMEngine(InferenceEngine):
         self.max_model_len = max_model_len
         self.eos_token_ids = model_eos_token_ids(model_path) if stop_at_model_eos else ()
         self.kv_on_update = kv_on_update
+        self.num_workers = int(args["tensor_parallel_size"])
+        """Worker processes, each of which joins a weight group (tensor parallelism; no pipeline stages)."""
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         self.vocab_size = int(self._llm.model_config.get_vocab_size())
         self.max_logprobs = int(self._llm.model_config.max_logprobs)
         self._version = int(initial_version)
         self._version_sent = False  # engine-core weight version set (needs the event loop)
+        self._ties_recorded = False  # the workers know the model's tied weights as loaded
         self._ids = itertools.count()
         self._prefix = uuid.uuid4().hex[:8]
         self._update_lock: asyncio.Lock | None = None
@@ -342,6 +345,9 @@ class VLLMEngine(InferenceEngine):
         :attr:`RESUME_TIMEOUT_S`; requests waiting to be submitted are let through either way)."""
         async with self._lock():
             await self._ensure_version_sent()
+            if not self._ties_recorded:  # before the first update can loosen them (vllm_worker_ext)
+                await self.worker_rpc("_ragen_record_ties", what="recording the model's tied weights")
+                self._ties_recorded = True
             we_paused = not self._user_paused
             if we_paused:
                 await self._pause()

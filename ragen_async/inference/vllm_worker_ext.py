@@ -12,6 +12,19 @@ a layer must arrive in one call: a fused layer (q/k/v, gate/up) that gets only s
 rebuilt from uninitialised memory for the missing ones. Every method here therefore loads what it
 received in a single reload call.
 
+Tied weights (Qwen2.5's ``lm_head`` is ``embed_tokens``): the learner publishes only
+``model.embed_tokens.weight``. vLLM 0.32's layerwise reload (``reload_weights``, and its NCCL update: the same
+``initialize_layerwise_reload`` / ``model.load_weights`` / ``finalize_layerwise_reload``) copies it into the
+embedding's kernel tensor, which the head shares, and then puts the head's kernel tensors back without
+redoing the head's post-load step (``model_loader/reload/layerwise.py``: ``finalize_layerwise_processing``,
+"ParallelLMHead: Failed to load weights", ``_place_kernel_tensors``). The Parameter stays tied and holds
+the new values, but a head whose kernel captured its weight at load time keeps version 0's: on CPU the GEMM
+of ``dispatch_cpu_unquantized_gemm`` (measured: 5-9 nats off on the tiny model), and any quantisation that
+repacks the head. (An unquantized CUDA head reads the shared Parameter, so there it is right either way.)
+Every weight update therefore ends in :meth:`WeightSyncWorkerExtension._ragen_retie`: the gloo and RPC
+paths (:meth:`~WeightSyncWorkerExtension._ragen_reload`) and vLLM's NCCL path alike (the NCCL receiver calls
+it after vLLM's ``finish_weight_update``).
+
 Attribute names carry a ``_ragen`` prefix: vLLM refuses extensions whose names collide with the
 worker's (the CPU worker already has e.g. ``update_weights``).
 """
@@ -64,21 +77,39 @@ class WeightSyncWorkerExtension:
     _ragen_buffers: ReceiveBuffers | None = None
     """Receive buffers kept between broadcasts (each worker's own list, made on first use)."""
 
+    _ragen_ties: list[tuple[torch.nn.Module, str, torch.nn.Module, str]] | None = None
+    """The model's tied parameters as loaded, recorded before any update can loosen them."""
+
     # ---- loading ----------------------------------------------------------------------------
+    def _ragen_record_ties(self) -> int:
+        """Record which parameters are tied (once: before the first update); returns how many. The engine
+        calls it before its first update; the re-tie records them itself if nobody did."""
+        if self._ragen_ties is None:
+            self._ragen_ties = _shared_parameters(self.model_runner.get_model())
+        return len(self._ragen_ties)
+
+    def _ragen_retie(self) -> int:
+        """After any weight update (a layerwise reload here, or vLLM's NCCL ``start_weight_update`` /
+        ``update_weights`` / ``finish_weight_update``): make every tied parameter the same object as its
+        source again and let its layer redo its post-load step (on CPU that rebuilds the GEMM handle, which
+        captured the weight), so the output head computes with the embedding just loaded. Returns the
+        number of tied parameters."""
+        self._ragen_record_ties()
+        assert self._ragen_ties is not None
+        with torch.no_grad():
+            for module, attr, source, source_attr in self._ragen_ties:
+                setattr(module, attr, getattr(source, source_attr))
+                quant_method = getattr(module, "quant_method", None)
+                if quant_method is not None and hasattr(quant_method, "process_weights_after_loading"):
+                    quant_method.process_weights_after_loading(module)
+        return len(self._ragen_ties)
+
     def _ragen_reload(self, named: Sequence[tuple[str, torch.Tensor]], version: int) -> dict:
         t0 = time.perf_counter()
-        model = self.model_runner.get_model()
-        shared = _shared_parameters(model)
+        self._ragen_record_ties()
         with torch.no_grad():
             self.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
-        # The reload replaces parameters, which silently unties tied weights (e.g. Qwen2's lm_head
-        # shares embed_tokens.weight): the head would keep serving the old embedding. Re-tie them,
-        # then let the layer redo its post-load step (on CPU it captures the weight in a GEMM handle).
-        for module, attr, source, source_attr in shared:
-            setattr(module, attr, getattr(source, source_attr))
-            quant_method = getattr(module, "quant_method", None)
-            if quant_method is not None and hasattr(quant_method, "process_weights_after_loading"):
-                quant_method.process_weights_after_loading(module)
+        self._ragen_retie()
         return {"num_tensors": len(named), "reload_s": time.perf_counter() - t0,
                 "version": int(version)}
 

@@ -31,6 +31,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def join_learner_group(cfg: RunConfig, backend: str, master_address: str, master_port: int, rank: int,
+                       world_size: int) -> None:
+    """Join the learner ranks' torch.distributed group. Its timeout is ``learner.group_timeout_s``, not the
+    weight sync's: on resume rank 0 reads a checkpoint of several GB (at 0.5B with fp32 masters and AdamW
+    state, about 16 GB) while the other ranks already wait in the collective that follows."""
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, init_method=f"tcp://{master_address}:{master_port}", rank=rank,
+                            world_size=world_size, timeout=dt.timedelta(seconds=cfg.learner.group_timeout_s))
+
+
 @ray.remote
 class LearnerActor:
     def __init__(self, cfg_data: dict, rank: int, world_size: int, secret: bytes, log_path: str | None = None):
@@ -67,11 +78,7 @@ class LearnerActor:
     def setup(self, master_address: str, master_port: int) -> int:
         """Join the learner group and build the model; returns the policy version."""
         if self.world_size > 1:
-            import torch.distributed as dist
-
-            dist.init_process_group(self._backend(), init_method=f"tcp://{master_address}:{master_port}",
-                                    rank=self.rank, world_size=self.world_size,
-                                    timeout=dt.timedelta(seconds=self.cfg.weight_sync.timeout_s))
+            join_learner_group(self.cfg, self._backend(), master_address, master_port, self.rank, self.world_size)
         self.learner = Learner(self.cfg, rank=self.rank, world_size=self.world_size, device=self._device())
         weights = self.learner.full_weights()  # every rank: a collective under FSDP; rank 0 gets them
         # What a ticket describes (names, shapes, dtypes), without the data.
@@ -110,7 +117,8 @@ class LearnerActor:
         timeout_s = self.cfg.weight_sync.timeout_s
         client = RayActorsClient(rollout_actors, timeout_s=timeout_s) if backend == "nccl" else None
         self.publisher = make_publisher(backend, address=ray.util.get_node_ip_address(),
-                                        num_receivers=len(rollout_actors), timeout_s=timeout_s, client=client)
+                                        num_receivers=len(rollout_actors), timeout_s=timeout_s, client=client,
+                                        workers_per_engine=self.cfg.inference.tensor_parallel_size)
         return [self.publisher.receiver_info(i) for i in range(len(rollout_actors))]
 
     def connect_publisher(self) -> None:

@@ -47,6 +47,7 @@ from torch.distributed.tensor import DTensor
 
 from ragen_async import algo
 from ragen_async.config import RunConfig
+from ragen_async.learner import precision
 from ragen_async.learner.batch import TokenBatch, collate_shard, pack_rows, split_even
 from ragen_async.protocol import BatchShard
 from ragen_async.weight_sync.base import flatten_parameters
@@ -72,13 +73,16 @@ def merge_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
 GATHER_BUCKET_BYTES = 256 * 2**20
 """Default bound on the full parameters one FSDP gather holds at once (:meth:`Learner.full_weight_buckets`)."""
 
-SHARED_STATE = "learner_state.pt"
-"""The checkpoint file (written by rank 0) with the optimizer, critic and reference states."""
+SHARED_STATE = "learner_state"
+"""The checkpoint folder (written by rank 0) with the optimizer, critic and reference states, one file per
+part (``actor_opt.pt``, ``critic.pt``, ``critic_opt.pt``, ``ref.pt``; an absent part has no file), so rank 0
+holds one full part at a time: at Qwen2.5-0.5B's size an optimizer's full state is 4 GB."""
+OLD_SHARED_STATE = "learner_state.pt"
+"""The same parts in one file, as earlier checkpoints hold them."""
+SHARED_PARTS = ("actor_opt", "critic", "critic_opt", "ref")
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 """Full (unsharded) state dicts, gathered to rank 0's CPU; the other ranks get empty ones."""
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -98,19 +102,20 @@ def _check_model_path(path: str) -> Path:
     return p
 
 
-def load_actor(path: str, dtype: str) -> nn.Module:
+def load_actor(path: str, dtype: torch.dtype = precision.MASTER_DTYPE) -> nn.Module:
+    """The policy from ``path``, its weights in ``dtype`` (the learner's fp32 masters by default)."""
     from transformers import AutoModelForCausalLM
 
     _check_model_path(path)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
 
 
-def load_critic(path: str, dtype: str) -> nn.Module:
+def load_critic(path: str, dtype: torch.dtype = precision.MASTER_DTYPE) -> nn.Module:
     """A value model from the same base as the actor (RAGEN): the LM body with a 1-output head."""
     from transformers import AutoModelForTokenClassification
 
     _check_model_path(path)
-    critic = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=_DTYPES[dtype])
+    critic = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=dtype)
     if hasattr(critic.config, "classifier_dropout"):
         critic.config.classifier_dropout = 0.0
     return critic
@@ -159,14 +164,17 @@ class Learner:
         torch.manual_seed(cfg.learner.seed)
         self.temperature = cfg.rollout.temperature
         self.algo_cfg = cfg.algo
+        # fp32 masters (weights, gradients, optimizer state, checkpoints); compute in model.dtype.
+        self.compute_dtype = precision.compute_dtype(cfg.model.dtype, self.device)
+        self.engine_dtype = precision.DTYPES[cfg.model.dtype]
 
-        self.actor = load_actor(cfg.model.path, cfg.model.dtype).to(self.device)
+        self.actor = load_actor(cfg.model.path).to(self.device)
         if self.device.type == "cpu" and cfg.learner.strategy != "fsdp":
             flatten_parameters(self.actor)  # one buffer per dtype: the gloo publish sends it without a copy
         if cfg.model.gradient_checkpointing:
             self.actor.gradient_checkpointing_enable()
         self.pad_id = self.actor.config.pad_token_id or 0
-        self.critic = (load_critic(cfg.model.critic_path or cfg.model.path, cfg.model.dtype).to(self.device)
+        self.critic = (load_critic(cfg.model.critic_path or cfg.model.path).to(self.device)
                        if cfg.algo.use_critic else None)
         self.ref = None
         if cfg.algo.use_ref:
@@ -191,8 +199,13 @@ class Learner:
         if self.cfg.learner.strategy == "fsdp":
             from torch.distributed.fsdp import fully_shard
 
-            # FSDP2 shards parameters across ranks; it needs an accelerator to pay off.
-            fully_shard(model)
+            # FSDP2: each decoder layer is its own unit (gathered for its forward and backward only,
+            # the next one's gather overlapping this one's compute), the rest (embeddings, tied head,
+            # final norm, value head) the root's. Gathered in the compute dtype, reduced in fp32.
+            policy = precision.fsdp_policy(self.compute_dtype)
+            for layer in decoder_layers(model):
+                fully_shard(layer, mp_policy=policy)
+            fully_shard(model, mp_policy=policy)
             return model
         from torch.nn.parallel import DistributedDataParallel
 
@@ -209,8 +222,9 @@ class Learner:
         trained = mb.trained.copy()
         trained[:, 0] = False
         token_index = torch.as_tensor(np.flatnonzero(trained), device=self.device)
-        logprobs, entropy = model(ids, token_index - 1, ids.flatten()[token_index], temperature=self.temperature,
-                                  chunk_tokens=self.cfg.learner.logits_chunk_tokens, with_entropy=with_entropy)
+        with self._autocast():
+            logprobs, entropy = model(ids, token_index - 1, ids.flatten()[token_index], temperature=self.temperature,
+                                      chunk_tokens=self.cfg.learner.logits_chunk_tokens, with_entropy=with_entropy)
         logprobs = logprobs.new_zeros(B * T).index_copy(0, token_index, logprobs).view(B, T)
         if entropy is None:
             return logprobs, None
@@ -218,7 +232,16 @@ class Learner:
 
     def _value_forward(self, model: nn.Module, mb: TokenBatch) -> torch.Tensor:
         # Right padding under causal attention needs no attention mask (see TokenLogits).
-        return _shifted(model(input_ids=mb.input_ids).logits.float().squeeze(-1))
+        with self._autocast():
+            values = model(input_ids=mb.input_ids).logits
+        return _shifted(values.float().squeeze(-1))
+
+    def _autocast(self):
+        """Compute in ``compute_dtype`` over the fp32 masters: autocast for a single process and DDP;
+        under FSDP the mixed-precision policy gathers the parameters in that dtype already."""
+        if self.sharded:
+            return contextlib.nullcontext()
+        return precision.autocast(self.device, self.compute_dtype)
 
     def _micro_rows(self, batch: TokenBatch) -> list[np.ndarray]:
         """Row indices (host) of each micro-batch (``micro_batch_size`` rows, ``micro_batch_tokens`` padded tokens)."""
@@ -226,12 +249,32 @@ class Learner:
         return [np.array(rows, dtype=np.int64)
                 for rows in pack_rows(batch.lengths.tolist(), lc.micro_batch_size, lc.micro_batch_tokens)]
 
+    def _max_over_ranks(self, n: int) -> int:
+        """The largest ``n`` of any rank (a collective when distributed)."""
+        if not self.distributed:
+            return n
+        t = torch.tensor([n], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def _padded(self, groups: list[np.ndarray]) -> list[np.ndarray | None]:
+        """``groups`` then ``None`` (a micro-batch with nothing to train) until every rank has as many
+        as the rank with the most. Shards are balanced by tokens, not rows, so ranks pack different
+        numbers of micro-batches; every forward and backward of a wrapped model is a collective (FSDP
+        gathers and reduce-scatters each one; DDP syncs buffers), so each rank must run the same
+        number or the group hangs until its timeout."""
+        return [*groups, *[None] * (self._max_over_ranks(len(groups)) - len(groups))]
+
     @torch.no_grad()
     def _recompute(self, batch: TokenBatch, logprobs: bool = True) -> dict[str, torch.Tensor]:
         """Learner log-probs (old/proximal; with ``logprobs``), critic values and reference log-probs."""
         T = batch.input_ids.shape[1]
         out: dict[str, list[torch.Tensor]] = defaultdict(list)
         groups = self._micro_rows(batch)
+        # Under FSDP each forward gathers: a rank with fewer micro-batches runs throwaway ones.
+        dummies = len(self._padded(groups)) - len(groups) if self.sharded else 0
+        for _ in range(dummies):
+            self._throwaway_forward(batch, logprobs)
         for rows in groups:
             mb = batch.select(rows).trimmed()
             pad = (0, T - mb.input_ids.shape[1])
@@ -245,6 +288,15 @@ class Learner:
         inverse = np.argsort(np.concatenate(groups)) if groups else np.zeros(0, dtype=np.int64)
         inverse_t = torch.as_tensor(inverse, device=self.device)
         return {k: torch.cat(v)[inverse_t] for k, v in out.items()}
+
+    def _throwaway_forward(self, batch: TokenBatch, logprobs: bool) -> None:
+        """The forwards of :meth:`_recompute` on one row, results dropped: this rank's share of the
+        collectives of a micro-batch it does not have."""
+        mb = batch.select(np.arange(min(batch.size, 1))).trimmed()
+        if logprobs:
+            self._policy_forward(self.actor_head, mb, False)
+        if self.critic is not None:
+            self._value_forward(self.critic, mb)
 
     # ------------------------------------------------------------------ collectives and host reads
     def _all_reduce_sum(self, *values: torch.Tensor | float) -> list[torch.Tensor]:
@@ -358,14 +410,14 @@ class Learner:
             self.critic_opt.zero_grad(set_to_none=True)
         # Per-micro-batch metrics are accumulated on the device in float64 (what Python floats did).
         sums: dict[str, torch.Tensor | float] = defaultdict(float)
-        groups = self._micro_rows(mb_all) or [np.zeros(0, dtype=np.int64)]
+        groups = self._padded(self._micro_rows(mb_all)) or [None]
         for i, local_rows in enumerate(groups):
             last = i == len(groups) - 1
-            host_rows = idx[local_rows]
+            host_rows = idx[local_rows] if local_rows is not None else idx[:0]
             empty = host_rows.size == 0
             if empty:
-                # This rank has no rows in this mini-batch but DDP needs every rank to run backward:
-                # run one row with zero weight.
+                # This rank has no rows in this micro-batch but every rank must run the same forwards
+                # and backwards (collectives under DDP and FSDP): run one row with zero weight.
                 host_rows = idx[:1] if idx.size else np.arange(1)
             mb = batch.select(host_rows).trimmed()
             rows = torch.as_tensor(host_rows, device=self.device)
@@ -452,10 +504,11 @@ class Learner:
         sequence's logits are computed in chunks as in training. ``weights`` (full tensors in Hugging
         Face naming, e.g. an older version kept for fixed lag): computed with those instead, in a
         separate unsharded copy of the actor (loaded once, then overwritten each time)."""
-        head = self.actor_head
+        head, compute = self.actor_head, self._autocast()
         if weights is not None:
+            compute = precision.autocast(self.device, self.compute_dtype)  # an unsharded copy: autocast
             if self._probe_model is None:
-                self._probe_model = load_actor(self.cfg.model.path, self.cfg.model.dtype).to(self.device).eval()
+                self._probe_model = load_actor(self.cfg.model.path).to(self.device).eval()
             missing, unexpected = self._probe_model.load_state_dict(weights, strict=False)
             tied = {"lm_head.weight"} if self._probe_model.config.tie_word_embeddings else set()
             if set(missing) - tied or unexpected:
@@ -463,18 +516,20 @@ class Learner:
             head = TokenLogits(self._probe_model)
         ids = torch.tensor([token_ids], device=self.device)
         positions = torch.arange(ids.shape[1] - 1, device=self.device)
-        logprobs, _ = head(ids, positions, ids[0, 1:], temperature=temperature,
-                           chunk_tokens=self.cfg.learner.logits_chunk_tokens)
+        with compute:
+            logprobs, _ = head(ids, positions, ids[0, 1:], temperature=temperature,
+                               chunk_tokens=self.cfg.learner.logits_chunk_tokens)
         return [0.0] + self._fetch(logprobs)
 
     # ------------------------------------------------------------------ weights and checkpoints
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """Actor weights in checkpoint (Hugging Face) naming, for publishing to the engines: the live
-        parameters, no copy. Under FSDP a rank holds only shards: use :meth:`full_weights` there."""
+        """Actor weights in checkpoint (Hugging Face) naming and the engines' dtype (``model.dtype``),
+        for publishing: the live fp32 masters when that is float32 (no copy), else copies. Under FSDP a
+        rank holds only shards: use :meth:`full_weights` there."""
         if self.sharded:
             raise RuntimeError("named_weights(): under FSDP the actor's parameters are shards; call "
                                "full_weights() on every rank (a collective) and publish rank 0's result")
-        return [(name, p.detach()) for name, p in self.actor.named_parameters()]
+        return [(name, precision.engine_copy(p.detach(), self.engine_dtype)) for name, p in self.actor.named_parameters()]
 
     def full_weight_buckets(self, bucket_bytes: int = GATHER_BUCKET_BYTES) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """The actor's weights as full tensors in Hugging Face naming, one bucket at a time: consecutive
@@ -509,10 +564,10 @@ class Learner:
 
     def _gather(self, bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
         if not self.sharded:
-            return bucket
+            return [(name, precision.engine_copy(p, self.engine_dtype)) for name, p in bucket]
         with torch.no_grad():
             full = [(name, p.full_tensor()) for name, p in bucket]
-        return [(name, t.cpu()) for name, t in full] if self.rank == 0 else []
+        return [(name, precision.engine_copy(t, self.engine_dtype).cpu()) for name, t in full] if self.rank == 0 else []
 
     def full_weights(self, bucket_bytes: int = GATHER_BUCKET_BYTES) -> list[tuple[str, torch.Tensor]]:
         """All of :meth:`full_weight_buckets`: under FSDP a collective that returns the full weights on
@@ -520,7 +575,7 @@ class Learner:
         return [item for bucket in self.full_weight_buckets(bucket_bytes) for item in bucket]
 
     def save_checkpoint(self, path: Path, extra: dict | None = None, write_weights: bool = True) -> None:
-        """Write ``learner_rank{rank}.pt`` (version, RNG, ``extra``) and, on rank 0, ``learner_state.pt``
+        """Write ``learner_rank{rank}.pt`` (version, RNG, ``extra``) and, on rank 0, ``learner_state/``
         (optimizers, critic, reference model) and, with ``write_weights``, the actor in Hugging Face
         layout with its tokenizer. Models and optimizers are saved as full, unsharded state dicts keyed
         by parameter name, so a checkpoint loads under any strategy and rank count. Shared files are
@@ -544,14 +599,19 @@ class Learner:
                 # With its tokenizer, a checkpoint's actor is a model directory (model.path=.../actor).
                 AutoTokenizer.from_pretrained(self.cfg.model.path).save_pretrained(path / "actor")
         if gathers:
-            shared = {
-                "actor_opt": self._full_optim(self.actor_head, self.actor_opt),
-                "critic": get_model_state_dict(self.critic, options=_FULL) if self.critic is not None else None,
-                "critic_opt": self._full_optim(self.critic, self.critic_opt) if self.critic is not None else None,
-                "ref": get_model_state_dict(self.ref, options=_FULL) if self.ref is not None else None,
+            parts = {
+                "actor_opt": lambda: self._full_optim(self.actor_head, self.actor_opt),
+                "critic": lambda: get_model_state_dict(self.critic, options=_FULL) if self.critic is not None else None,
+                "critic_opt": lambda: self._full_optim(self.critic, self.critic_opt) if self.critic is not None else None,
+                "ref": lambda: get_model_state_dict(self.ref, options=_FULL) if self.ref is not None else None,
             }
             if self.rank == 0:
-                torch.save(shared, path / SHARED_STATE)
+                (path / SHARED_STATE).mkdir(exist_ok=True)
+            for name, gather in parts.items():  # one full part in memory at a time
+                part = gather()
+                if self.rank == 0 and part is not None:
+                    torch.save(part, path / SHARED_STATE / f"{name}.pt")
+                del part
         state = {
             "policy_version": self.policy_version,
             "skipped_steps": self.skipped_steps,
@@ -574,22 +634,21 @@ class Learner:
         path = Path(path)
         self._reshard()
         # Read, then agree: a rank that failed to read must not leave the others waiting in a collective.
-        shared: dict = {}
         weights: dict[str, torch.Tensor] = {}
+        present: dict[str, bool] = {}
         try:
             own = path / f"learner_rank{self.rank}.pt"
             if not own.exists():
                 log.warning("%s not in checkpoint %s (written by fewer ranks): using rank 0's", own.name, path)
                 own = path / "learner_rank0.pt"
             state = torch.load(own, weights_only=False)
-            if self.rank == 0:  # rank 0 reads the shared files and broadcasts them
-                shared = self._read_shared(path)
+            if self.rank == 0:  # rank 0 reads the shared files and broadcasts them, one part at a time
                 weights = self._read_actor(path)
+                present = self._shared_parts(path)
             error = None
         except Exception as e:
             error = e
         # Which parts the checkpoint holds (rank 0 knows): every rank must run the same collectives.
-        present = {k: v is not None for k, v in shared.items()}
         reports = self._all_gather((None if error is None else f"rank {self.rank}: {error!r}", present))
         if error is not None:
             raise error
@@ -600,19 +659,24 @@ class Learner:
             raise RuntimeError(f"checkpoint {path} has no critic, but algo.adv_estimator needs one")
         opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=self.distributed, strict=False)
         set_model_state_dict(self.actor_head, weights, options=opts)
+        del weights
         strict = dataclasses.replace(opts, strict=True)
+
+        def part(name: str) -> dict:
+            return self._read_part(path, name) if self.rank == 0 else {}
+
         if present["actor_opt"]:
-            set_optimizer_state_dict(self.actor_head, self.actor_opt, shared.get("actor_opt", {}), options=opts)
+            set_optimizer_state_dict(self.actor_head, self.actor_opt, part("actor_opt"), options=opts)
         else:  # saved before the first step
             self.actor_opt.state.clear()
         if self.critic is not None:
-            set_model_state_dict(self.critic, shared.get("critic", {}), options=strict)
+            set_model_state_dict(self.critic, part("critic"), options=strict)
             if present["critic_opt"]:
-                set_optimizer_state_dict(self.critic, self.critic_opt, shared.get("critic_opt", {}), options=opts)
+                set_optimizer_state_dict(self.critic, self.critic_opt, part("critic_opt"), options=opts)
             else:
                 self.critic_opt.state.clear()
         if self.ref is not None and present["ref"]:
-            set_model_state_dict(self.ref, shared.get("ref", {}), options=strict)
+            set_model_state_dict(self.ref, part("ref"), options=strict)
         self.policy_version = state["policy_version"]
         self.skipped_steps = state["skipped_steps"]
         torch.set_rng_state(state["rng"]["torch"])
@@ -620,12 +684,24 @@ class Learner:
         random.setstate(state["rng"]["python"])
         return state["extra"]
 
-    def _read_shared(self, path: Path) -> dict:
-        """Rank 0: the optimizer, critic and reference states of a checkpoint, as full state dicts keyed
-        by parameter name. An older checkpoint has them in each rank's file, its optimizer states keyed
-        by parameter index (the order of ``parameters()``, the same under every strategy)."""
-        if (path / SHARED_STATE).exists():
-            return torch.load(path / SHARED_STATE, weights_only=False)
+    def _shared_parts(self, path: Path) -> dict[str, bool]:
+        """Rank 0: which of :data:`SHARED_PARTS` the checkpoint holds."""
+        if (path / SHARED_STATE).is_dir():
+            return {name: (path / SHARED_STATE / f"{name}.pt").is_file() for name in SHARED_PARTS}
+        return {name: value is not None for name, value in self._read_old_shared(path).items()}
+
+    def _read_part(self, path: Path, name: str) -> dict:
+        """Rank 0: one part of the shared state, as a full state dict keyed by parameter name."""
+        if (path / SHARED_STATE).is_dir():
+            return torch.load(path / SHARED_STATE / f"{name}.pt", weights_only=False)
+        return self._read_old_shared(path)[name]
+
+    def _read_old_shared(self, path: Path) -> dict:
+        """Rank 0: the shared state of an earlier checkpoint (small models only): all parts in
+        ``learner_state.pt``, or, older still, in each rank's file with the optimizer states keyed by
+        parameter index (the order of ``parameters()``, the same under every strategy)."""
+        if (path / OLD_SHARED_STATE).exists():
+            return torch.load(path / OLD_SHARED_STATE, weights_only=False)
         old = torch.load(path / "learner_rank0.pt", weights_only=False)
         actor_names = [f"lm.{n}" for n, _ in self.actor.named_parameters()]
         critic_names = [n for n, _ in self.critic.named_parameters()] if self.critic is not None else []
@@ -657,6 +733,18 @@ class Learner:
         dist.all_gather_object(out, obj)
         return out
 
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks of a Hugging Face model (its ``_no_split_modules`` classes, e.g.
+    ``Qwen2DecoderLayer``): the units FSDP shards one at a time."""
+    names: set[str] = set()
+    for m in model.modules():
+        names.update(getattr(m, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(model).__name__}: no decoder layers found (no _no_split_modules) to shard with FSDP")
+    return layers
 
 
 def _strip(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:

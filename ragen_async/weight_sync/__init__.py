@@ -15,6 +15,7 @@ from ragen_async.weight_sync.base import (
     WeightReceiver,
     WeightSyncError,
     WeightSyncTimeout,
+    group_layout,
     make_manifest,
 )
 from ragen_async.weight_sync.factory import make_publisher, make_receiver, resolve_backend
@@ -27,9 +28,10 @@ from ragen_async.weight_sync.gloo import (
 )
 from ragen_async.weight_sync.inproc import InProcessPublisher
 from ragen_async.weight_sync.nccl import LocalReceiversClient, NcclPublisher, NcclReceiver, RayActorsClient
+from ragen_async.weight_sync.probe import WeightSyncDivergence, check_probe, probe_tolerance
 
 __all__ = ["GlooBroadcastPublisher", "GlooReceiver", "InProcessPublisher", "LocalGlooReceiver",
            "LocalReceiversClient", "Manifest", "NcclPublisher", "NcclReceiver", "RayActorsClient", "RingBuffer",
-           "Ticket", "WeightPublisher", "WeightReceiver", "WeightSyncError", "WeightSyncTimeout",
-           "broadcast_to_engines", "connect_engines", "make_manifest", "make_publisher", "make_receiver",
-           "resolve_backend"]
+           "Ticket", "WeightPublisher", "WeightReceiver", "WeightSyncDivergence", "WeightSyncError",
+           "WeightSyncTimeout", "broadcast_to_engines", "check_probe", "connect_engines", "group_layout",
+           "make_manifest", "make_publisher", "make_receiver", "probe_tolerance", "resolve_backend"]

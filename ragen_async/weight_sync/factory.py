@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from ragen_async.weight_sync.base import WeightPublisher, WeightReceiver
+from ragen_async.weight_sync.base import WeightPublisher, WeightReceiver, group_layout
 
 Backend = Literal["gloo", "nccl", "rpc"]
 
@@ -23,22 +23,33 @@ def resolve_backend(backend: str, gpus_per_worker: float) -> Backend:
 
 
 def make_publisher(backend: Backend, *, address: str, num_receivers: int, timeout_s: float,
-                   client: Any = None) -> WeightPublisher:
-    """Learner rank 0's publisher to ``num_receivers`` engines. NCCL needs ``client`` (a
-    :class:`~ragen_async.weight_sync.nccl.ReceiversClient` over the engines' receivers)."""
+                   client: Any = None, workers_per_engine: int = 1) -> WeightPublisher:
+    """Learner rank 0's publisher to ``num_receivers`` engines of ``workers_per_engine`` workers each
+    (``inference.tensor_parallel_size``: every worker of an engine joins the group, so the group holds
+    1 + engines x workers ranks, :func:`~ragen_async.weight_sync.base.group_layout`). NCCL needs ``client``
+    (a :class:`~ragen_async.weight_sync.nccl.ReceiversClient` over the engines' receivers); it is told
+    ``workers_per_engine`` here, so the engines' rank offsets and the group's world size agree."""
+    if workers_per_engine < 1:
+        raise ValueError(f"workers_per_engine must be >= 1 (got {workers_per_engine})")
     if backend == "gloo":
         from ragen_async.weight_sync.gloo import GlooBroadcastPublisher
 
-        return GlooBroadcastPublisher(address, 0, num_receivers, timeout_s=timeout_s)
+        return GlooBroadcastPublisher(address, 0, num_receivers, timeout_s=timeout_s,
+                                      workers_per_engine=workers_per_engine)
     if backend == "nccl":
         import socket
 
         from ragen_async.weight_sync.nccl import NcclPublisher
 
+        if client is None or client.num_engines != num_receivers:
+            raise ValueError(f"the NCCL publisher needs a client over the {num_receivers} engines' receivers "
+                             f"(got {'none' if client is None else f'one over {client.num_engines}'})")
+        client.workers_per_engine = int(workers_per_engine)
+        world_size, _ = group_layout(num_receivers, workers_per_engine)
         with socket.socket() as s:
             s.bind(("", 0))
             port = int(s.getsockname()[1])
-        return NcclPublisher(address, port, num_receivers, client, timeout_s=timeout_s)
+        return NcclPublisher(address, port, world_size - 1, client, timeout_s=timeout_s)
     from ragen_async.weight_sync.rpc import RpcPublisher
 
     return RpcPublisher()

@@ -1,7 +1,9 @@
 """Weight broadcast over a dedicated gloo process group (CPU, or any machine without NCCL).
 
-Group: learner rank 0 (the publisher, which also hosts the ``TCPStore``) plus every inference worker
-at ranks ``1..num_receivers``. It is a *separate* ``ProcessGroupGloo`` built from its own store, never
+Group: learner rank 0 (the publisher, which also hosts the ``TCPStore``) plus every inference worker:
+``num_receivers`` engines of ``workers_per_engine`` workers each (their tensor-parallel size), engine ``i``'s
+workers at ranks ``1 + i * workers_per_engine`` onwards (:func:`~ragen_async.weight_sync.base.group_layout`).
+It is a *separate* ``ProcessGroupGloo`` built from its own store, never
 the learner's default group nor vLLM's, so it cannot interfere with either.
 
 Protocol of one sync (both sides derive everything from the same manifest)::
@@ -55,7 +57,10 @@ from ragen_async.weight_sync.base import (
     adjacent_bytes,
     bucket_nbytes,
     check_header,
+    check_room,
     dtype_from_name,
+    engine_workers,
+    group_layout,
     header_slot,
     make_header,
     make_manifest,
@@ -194,14 +199,16 @@ class GlooBroadcastPublisher(WeightPublisher):
     """
 
     def __init__(self, master_address: str, master_port: int, num_receivers: int,
-                 timeout_s: float = 60.0, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+                 timeout_s: float = 60.0, bucket_bytes: int = DEFAULT_BUCKET_BYTES, workers_per_engine: int = 1):
         from torch.distributed import TCPStore
 
         if num_receivers < 1:
             raise ValueError(f"num_receivers must be >= 1 (got {num_receivers})")
         self.master_address = master_address
         self.num_receivers = num_receivers
-        self.world_size = num_receivers + 1
+        """Engines (receivers); each has ``workers_per_engine`` workers in the group."""
+        self.workers_per_engine = int(workers_per_engine)
+        self.world_size, self._offsets = group_layout(num_receivers, self.workers_per_engine)
         self.timeout_s = float(timeout_s)
         self.bucket_bytes = int(bucket_bytes)
         self._store = TCPStore(master_address, master_port, self.world_size, True,
@@ -242,7 +249,7 @@ class GlooBroadcastPublisher(WeightPublisher):
 
     def receiver_info(self, i: int) -> dict:
         return {"address": self.master_address, "port": self.master_port, "world_size": self.world_size,
-                "rank": i + 1}
+                "rank": self._offsets[i]}
 
     def ticket(self, named_tensors: Sequence[tuple[str, torch.Tensor]], version: int) -> Ticket:
         manifest = make_manifest(named_tensors)
@@ -321,6 +328,8 @@ class GlooReceiver(WeightReceiver):
 
     async def join(self, info: dict | None) -> None:
         assert info is not None
+        check_room(int(info["rank"]), engine_workers(self.engine), int(info["world_size"]),
+                   f"engine {getattr(self.engine, 'model_path', '?')}: joining the weight group")
         await self.engine.worker_rpc("init_weight_group", info["address"], int(info["port"]),
                                      int(info["world_size"]), int(info["rank"]), self.timeout_s,
                                      what="joining the weight group")
@@ -373,7 +382,8 @@ class LocalGlooReceiver(WeightReceiver):
 
 
 async def connect_engines(publisher: WeightPublisher, receivers: Sequence[WeightReceiver]) -> None:
-    """Form the group between ``publisher`` and in-process ``receivers`` (receiver i at rank i + 1)."""
+    """Form the group between ``publisher`` and in-process ``receivers`` (receiver i at its
+    :meth:`~GlooBroadcastPublisher.receiver_info` rank)."""
     await asyncio.gather(asyncio.to_thread(publisher.connect),
                          *(r.join(publisher.receiver_info(i)) for i, r in enumerate(receivers)))
 

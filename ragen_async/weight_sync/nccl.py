@@ -15,8 +15,14 @@ version, resume) is one call that cannot be left half done: if it fails or times
 resumed on its previous weights.
 
 Ranks: vLLM's trainer tells every worker ``rank_offset=1``, right for one vLLM instance (its workers take
-ranks 1..W). With several engines each gets its own offset (engine i: ``1 + workers of engines before
-i``), and ``world_size`` is 1 + the total number of inference workers.
+ranks 1..W: vLLM 0.32 ``nccl_common.worker_init_process_group`` joins at ``rank_offset`` + the worker's rank
+in its engine). With several engines each gets its own offset (engine i: ``1 + workers of engines before
+i``), and ``world_size`` is 1 + the total number of inference workers, engines x tensor-parallel workers
+(:func:`~ragen_async.weight_sync.base.group_layout`; :func:`~ragen_async.weight_sync.factory.make_publisher`
+counts them).
+
+Tied weights: after vLLM's ``finish_weight_update`` the receiver calls the worker extension's re-tie
+(:data:`RETIE`), the same code that ends the gloo path's reload.
 
 This path needs CUDA and the GPU ``vllm==0.32.0`` wheel; the timeouts and the client are tested on CPU,
 the transfer itself by the ``gpu`` tests.
@@ -33,7 +39,19 @@ from typing import Any
 
 import torch
 
-from ragen_async.weight_sync.base import Ticket, WeightPublisher, WeightReceiver, WeightSyncError, WeightSyncTimeout
+from ragen_async.weight_sync.base import (
+    Ticket,
+    WeightPublisher,
+    WeightReceiver,
+    WeightSyncError,
+    WeightSyncTimeout,
+    check_room,
+    engine_workers,
+    group_layout,
+)
+
+RETIE = "_ragen_retie"
+"""The worker-extension method every weight update ends in (``ragen_async.inference.vllm_worker_ext``)."""
 
 
 def _make_source() -> Any:
@@ -111,9 +129,15 @@ class ReceiversClient(ABC):
     def init_weight_transfer_engine(self, init_info: dict) -> None:
         self.phase = "joining the NCCL group"
         self.last_error = None
-        base = int(init_info.get("rank_offset", 1))
-        self._call("join", [{**init_info, "rank_offset": base + i * self.workers_per_engine}
-                           for i in range(self.num_engines)])
+        world_size, offsets = group_layout(self.num_engines, self.workers_per_engine,
+                                           first_rank=int(init_info.get("rank_offset", 1)))
+        if int(init_info.get("world_size", world_size)) != world_size:
+            self.last_error = (f"the publisher's group has world size {init_info['world_size']} but "
+                               f"{self.num_engines} engine(s) x {self.workers_per_engine} worker(s) need "
+                               f"{world_size}; count every engine's tensor-parallel workers "
+                               "(make_publisher(workers_per_engine=...))")
+            raise WeightSyncError(f"{self.phase}: {self.last_error}")
+        self._call("join", [{**init_info, "rank_offset": offset} for offset in offsets])
 
     def start_weight_update(self) -> None:
         self.phase = f"starting the update to version {self.version}"
@@ -289,6 +313,8 @@ class NcclReceiver(WeightReceiver):
     async def join(self, info: dict | None) -> None:
         if info is None:
             return  # the publisher makes the receivers join when it connects (vLLM's handshake)
+        check_room(int(info["rank_offset"]), engine_workers(self.engine), int(info["world_size"]),
+                   f"engine {getattr(self.engine, 'model_path', '?')}: joining the NCCL weight group")
         await asyncio.wait_for(self.engine.worker_rpc("init_weight_transfer_engine", kwargs={"init_info": info},
                                                       what="joining the NCCL weight group"), self.timeout_s)
 
@@ -301,6 +327,9 @@ class NcclReceiver(WeightReceiver):
             await engine.worker_rpc("update_weights", kwargs={"update_info": ticket["update_info"]},
                                     what=f"receiving version {version} over NCCL")
             await engine.worker_rpc("finish_weight_update", what=f"finishing the update to version {version}")
+            # vLLM's update loads a tied head's source (embed_tokens) but not the head's kernel: the same
+            # re-tie as every other path (see ragen_async.inference.vllm_worker_ext)
+            await engine.worker_rpc(RETIE, what=f"re-tying the tied weights of version {version}")
 
         async with engine.updating(version):
             try:

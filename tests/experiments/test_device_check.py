@@ -25,11 +25,14 @@ def test_the_device_check_dry_run_runs_every_stage_and_writes_its_json(tmp_path,
     summary = json.loads((tmp_path / "out" / "device_check.json").read_text())
     assert summary["dry_run"] is True and summary["machine"]["cpus"] == os.cpu_count()
     assert [s["stage"] for s in summary["stages"]] == ["learner_cuda_tests", "learner_bench", "transport_bench",
-                                                       "weights_bench"]
+                                                       "weights_bench", "mixed_precision"]
     assert all(s["exit"] == 0 for s in summary["stages"])
-    [row] = summary["learner"]
-    assert row["shape"] == "tiny" and row["device"] == "cpu" and row["checkpointing"] is False
-    assert row["tokens_per_step"] > 1000 and row["tokens_per_s"] > 0 and row["mfu"] is None  # no MFU on a CPU
+    fp32, bf16 = summary["learner"]
+    assert (fp32["dtype"], bf16["dtype"]) == ("float32", "bfloat16") and fp32["update_vs_fp32"] == 0.0
+    for row in (fp32, bf16):
+        assert row["shape"] == "tiny" and row["device"] == "cpu" and row["checkpointing"] is False
+        assert row["tokens_per_step"] > 1000 and row["tokens_per_s"] > 0 and row["mfu"] is None  # no MFU on a CPU
+        assert row["moved_frac"] > 0.99  # at lr 1e-6 (the paper config's): fp32 masters keep every update
     tables = (tmp_path / "out" / "benchmarks.md").read_text()
     for title in ("Learner benchmark", "Transport benchmark", "Weight-sync benchmark"):
         assert f"## {title}" in tables, title

@@ -187,8 +187,8 @@ def test_fsdp_full_weights_and_checkpoints_across_strategies_and_rank_counts(tin
 
     # --- checkpoints: one set of shared files, whoever wrote them ----------------------------------
     files = {str(p.relative_to(ckpt / "fsdp")) for p in (ckpt / "fsdp").rglob("*") if p.is_file()}
-    assert {"learner_rank0.pt", "learner_rank1.pt", "learner_state.pt", "actor/config.json",
-            "actor/model.safetensors"} <= files
+    assert {"learner_rank0.pt", "learner_rank1.pt", "learner_state/actor_opt.pt", "learner_state/critic.pt",
+            "learner_state/critic_opt.pt", "actor/config.json", "actor/model.safetensors"} <= files
     # The next step after resuming equals the uninterrupted next step.
     for r in (rec, rec1):
         for key in ("fsdp->fsdp", "ddp->fsdp", "fsdp->ddp", "single->fsdp", "old->fsdp"):
