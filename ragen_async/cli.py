@@ -1,4 +1,5 @@
-"""``ragen-async``: the command-line entry point (train, eval, make-model, sweep, report, bench)."""
+"""``ragen-async``: the command-line entry point (train, audit, eval, make-model, sweep, report, watch, config,
+bench)."""
 
 from __future__ import annotations
 
@@ -473,8 +474,8 @@ def bench_cluster_cmd(
     actors_per_rank: Annotated[int, typer.Option(help="rollout actors per learner rank")] = 8,
     senders: Annotated[int, typer.Option(help="Ray actor processes (hosts) the simulated actors are spread over")] = 2,
     admission: Annotated[list[str] | None, typer.Option(
-        help="admission protocol (repeatable): wait (production) or poll (one try_admit per group, as before "
-             "2026-12-04)")] = None,
+        help="admission protocol (repeatable): wait (production) or poll (one try_admit per group, the earlier "
+             "protocol, for comparison)")] = None,
     engine_speed: Annotated[float, typer.Option(help="stand-in engines play groups this many times faster than the "
                                                      "profile's engine (a GPU's rate)")] = 1.0,
     profile: Annotated[Path, typer.Option(help="engine profile (simprofile)")] = Path("configs/sim/sokoban_tiny_profile.json"),

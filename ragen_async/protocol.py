@@ -49,8 +49,8 @@ class TurnRecord(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fi
     the wire it is an array of its fields in declaration order (``array_like``: a Sokoban group carries 40
     of them, and their field names were most of its header's bytes).
     ``gc=False`` (here and on the other received structs): none holds a reference that could lead back to
-    itself, so the cycle collector need not track them; with the collector on, a Sokoban group's header
-    decodes in about two thirds of the time (29 → 20 µs, alternating in one process, 2026-12-02).
+    itself, so the cycle collector need not track them, and with the collector on a header decodes faster
+    (docs/changelog.md has the measurement).
     """
 
     reward: Finite

@@ -417,7 +417,7 @@ class RayRuntime(Runtime):
         versions = await asyncio.gather(*[lrn.load_checkpoint.remote(str(Path(path).absolute()))
                                           for lrn in self.learners])
         counters = Path(path) / RUNTIME_STATE
-        if counters.is_file():  # (checkpoints written before 2026-12-03 do not have it)
+        if counters.is_file():  # (older checkpoints, written before these counters were kept, do not have it)
             state = json.loads(counters.read_text())
             self.restarts, self.abandoned = int(state["actor_restarts"]), int(state["abandoned_groups"])
         return int(versions[0])

@@ -196,7 +196,7 @@ def verify_checkpoint(path: Path) -> str | None:
     except json.JSONDecodeError as e:
         return f"unreadable manifest: {e}"
     marker = path / COMPLETE
-    try:  # (an empty marker: a checkpoint written before 2026-12-05, checked by its manifest alone)
+    try:  # (an empty marker, as older checkpoints have: no required files listed; checked by its manifest alone)
         complete = json.loads(marker.read_text()) if marker.is_file() and marker.stat().st_size else {}
     except json.JSONDecodeError as e:
         return f"unreadable {COMPLETE} marker: {e}"

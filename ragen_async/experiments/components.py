@@ -52,7 +52,7 @@ class GroupShape:
 
 
 SOKOBAN = GroupShape("Sokoban, 8 x 5 turns", 8, prompt_tokens=300, turns=5, reply_tokens=30, feedback_tokens=60)
-"""Like the tiny model's Sokoban groups (about 600 tokens per episode, docs/benchmarks.md's step profile)."""
+"""Like the tiny model's Sokoban groups (about 600 tokens per episode: configs/sim/sokoban_tiny_profile.json)."""
 PAPER = GroupShape("paper-sized, 8 x 4,000 tokens", 8, prompt_tokens=500, turns=5, reply_tokens=400,
                    feedback_tokens=300)
 """RAGEN-scale episodes: 4,000 tokens each."""

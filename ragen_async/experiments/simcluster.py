@@ -435,7 +435,7 @@ class ClusterSpec:
     e.g. a GPU's, raises the group rate and with it the load on the gate at the same N)."""
     admission: str = "wait"
     """How the actors ask the gate. ``wait``: the production protocol (``RolloutActor._admit``: up to the free
-    slots per call, a blocked request waits at the gate for a slot). ``poll``: the protocol before 2026-12-04,
+    slots per call, a blocked request waits at the gate for a slot). ``poll``: the earlier protocol,
     for comparison: one ``gate.try_admit`` per group, answered at once, a refused actor asking again 50 ms
     (one rollout-loop tick) later."""
 

@@ -255,7 +255,7 @@ class Learner:
             return n
         t = torch.tensor([n], dtype=torch.int64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
+        return int(self._fetch(t)[0])
 
     def _padded(self, groups: list[np.ndarray]) -> list[np.ndarray | None]:
         """``groups`` then ``None`` (a micro-batch with nothing to train) until every rank has as many
@@ -467,6 +467,7 @@ class Learner:
         norm = self._to_host({"grad_norm": norm})["grad_norm"]  # the step depends on it: one read per step
         if math.isfinite(norm):
             opt.step()
+            opt.zero_grad(set_to_none=True)  # free the fp32 gradients until the next step's backward
         else:
             # A non-finite gradient would poison the weights (and, via the engines, the rollouts).
             opt.zero_grad(set_to_none=True)
