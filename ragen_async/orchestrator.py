@@ -6,6 +6,7 @@ Setup wires the parts (config -> run directory, metrics sinks, runtime, trajecto
     collect a batch (runtime.receive -> buffer: staleness gate, filter, shards; admission learns
     which groups were consumed or dropped) -> train (runtime.train: version v+1) -> publish
     (v+1, or v+1-k under fixed lag) and open admission for v+1 -> log -> checkpoint / validate
+    (always version v+1; under fixed lag admission opens after it on the steps that validate)
 
 The runtime (``runtime.py``: local, in one process; ``ray_runtime.py``: Ray actors, ZeroMQ,
 gloo/NCCL) is the only thing that differs between ``runtime: local`` and ``runtime: ray``.
@@ -214,7 +215,10 @@ class Trainer:
             self._learner_busy = False
             train_s = time.perf_counter() - t0
             self.version, self.completed = result.version, step + 1
-            sync = await self.publish()
+            # Under fixed lag validation lends the engines the current weights (validate): no group of the
+            # next version may start on them, so on a step that validates admission opens after it.
+            hold = self.published_version() != self.version and self.validates_at(step + 1)
+            sync = await self.publish(open_admission=not hold)
             stats = await rt.rollout_stats()
             step_s = time.perf_counter() - t_step
             record = self.record(step + 1, batch, result.metrics, sync, prev_stats, stats, wait_s, train_s,
@@ -236,6 +240,8 @@ class Trainer:
                 raise Interrupted(self.run_dir.path, done, self.stop.signal_name)
             if cfg.validation.every and (done % cfg.validation.every == 0 or final):
                 last_val = await self.validate(done)
+            if hold:
+                await rt.admission.set_published_version(self.version)
             if final:
                 break
         await self.save(done)
@@ -304,13 +310,15 @@ class Trainer:
             return max(0, self.version - (self.cfg.staleness.max_staleness or 0))
         return self.version
 
-    async def publish(self) -> dict[str, float]:
-        """Weights to every engine, then admission opens the slots of the new version."""
+    async def publish(self, open_admission: bool = True) -> dict[str, float]:
+        """Weights to every engine, then admission opens the slots of the new version (unless
+        ``open_admission`` is False: the caller opens them later)."""
         target = self.published_version()
         t0 = time.perf_counter()
         await self.runtime.publish(target)
         out = {"weight_sync/time_s": time.perf_counter() - t0, "weight_sync/published_version": float(target)}
-        await self.runtime.admission.set_published_version(self.version)
+        if open_admission:
+            await self.runtime.admission.set_published_version(self.version)
         self.syncs += 1
         every = self.cfg.weight_sync.verify_every
         if every and self.syncs % every == 0:  # under fixed lag against the older version the engines got
@@ -343,9 +351,26 @@ class Trainer:
             "throughput/learner_tokens_per_s": learner_metrics.get("learner/num_tokens", 0.0) / max(train_s, 1e-9),
         }
 
+    def validates_at(self, done: int) -> bool:
+        """Whether the loop validates after ``done`` steps whatever the time budget says (it also validates
+        the step a time budget ends the run on)."""
+        every = self.cfg.validation.every
+        return bool(every) and (done % every == 0 or done >= self.cfg.total_steps)
+
     async def validate(self, step: int) -> dict[str, float]:
+        """Validation episodes of the learner's current policy (``val/policy_version`` = ``policy_version``),
+        in every mode: the trained policy is what validation measures (the behaviour policy's success is
+        ``rollout/success``). Under fixed lag the engines serve version v - k: they get the current weights
+        for the validation and the lagged ones back after it. The loop opens admission for the next version
+        only after that, so no group it trains on is played on the lent weights (a run that a time budget
+        ends off the validation interval is the exception: it trains on nothing after)."""
         t0 = time.perf_counter()
+        lagged = self.published_version()
+        if lagged != self.version:
+            await self.runtime.publish(self.version)
         metrics = await self.runtime.validate()
+        if lagged != self.version:
+            await self.runtime.publish(lagged)
         metrics.update({"learner/step": step, "policy_version": self.version, "timing/val_s": time.perf_counter() - t0})
         success = metrics.get("val/success", math.nan)
         metrics["alert/collapse"] = float(self.collapse_watch.update(success))

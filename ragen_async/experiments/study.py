@@ -24,12 +24,18 @@ online alert and the adaptive staleness bound use the same rules). Here:
   with one seed), and where the statistic has a range (a success rate in [0, 1], a rate or a norm above 0)
   the interval clipped to it. A share of runs (how many fell) is a binomial proportion: its interval is
   Wilson's score interval, which stays in [0, 1] and is not empty at 0 of n or n of n.
+* **The shape of the cost** (:func:`cost_models`). Two least-squares models of a per-run statistic on
+  staleness: *step*, any staleness (k >= 1) costs one constant against k = 0; *linear*, the cost is
+  proportional to the run's realised mean age; and both together. Each is judged by AIC (Gaussian
+  likelihood, ``n ln(RSS / n) + 2 (coefficients + 1)``) and by its leave-one-cell-out error: each stale
+  cell left out in turn, the model refitted on the other cells predicts the cell's mean.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -38,7 +44,8 @@ from scipy import stats
 from ragen_async.collapse import SIGNAL_KEYS, SIGNALS, EarlyWarning
 
 __all__ = ["welch_difference", "trend", "predicted_mean", "signal_steps", "reference_band", "degraded_from", "lead_times", "false_alarms", "interval", "error_bar", "t95", "wilson", "bounds",
-           "cell_table", "format_mean_ci", "format_bounds", "SHARE", "UNIT", "POSITIVE"]
+           "cell_table", "format_mean_ci", "format_bounds", "SHARE", "UNIT", "POSITIVE", "COST_MODELS", "ModelFit",
+           "cost_models"]
 
 
 def signal_steps(steps: np.ndarray, values: np.ndarray, signal: str, window: int = 5) -> np.ndarray:
@@ -127,8 +134,7 @@ def interval(values: Sequence[float]) -> tuple[float, float, int]:
         return math.nan, math.nan, 0
     if n == 1:
         return float(x[0]), math.nan, 1
-    half = t95(n) * float(x.std(ddof=1)) / math.sqrt(n)
-    return float(x.mean()), half, n
+    return float(x.mean()), t95(n) * float(stats.sem(x)), n
 
 
 UNIT = (0.0, 1.0)
@@ -139,14 +145,12 @@ SHARE = "share"
 """Marks a column of 0/1 values per run whose cell statistic is the share of runs (Wilson interval)."""
 
 
-def wilson(hits: float, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """Wilson's 95 % score interval of a share ``hits / n`` (NaN, NaN with no trial)."""
+def wilson(hits: float, n: int) -> tuple[float, float]:
+    """Wilson's 95 % score interval of a share ``hits / n`` (``scipy.stats.binomtest``; NaN, NaN with no trial)."""
     if n <= 0:
         return math.nan, math.nan
-    p = hits / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return (0.0 if hits <= 0 else max(0.0, centre - half)), (1.0 if hits >= n else min(1.0, centre + half))
+    ci = stats.binomtest(round(hits), n).proportion_ci(0.95, method="wilson")
+    return float(ci.low), float(ci.high)
 
 
 def bounds(values: Sequence[float], span: tuple[float, float] | str = (-math.inf, math.inf)
@@ -208,9 +212,9 @@ def format_bounds(mean: float, low: float, high: float, spec: str = ".3f") -> st
 
 
 def welch_difference(values: Sequence[float], reference: Sequence[float]) -> tuple[float, float, float]:
-    """(mean(values) - mean(reference), low, high): Welch's 95 % interval of a difference of means; NaN
-    bounds with fewer than two finite values on a side, and a zero-width interval when both sides are
-    constant."""
+    """(mean(values) - mean(reference), low, high): Welch's 95 % interval of a difference of means
+    (``scipy.stats.ttest_ind`` with unequal variances); NaN bounds with fewer than two finite values on a
+    side, and a zero-width interval when both sides are constant."""
     a = np.asarray([v for v in values if math.isfinite(v)], dtype=float)
     b = np.asarray([v for v in reference if math.isfinite(v)], dtype=float)
     if a.size == 0 or b.size == 0:
@@ -218,12 +222,10 @@ def welch_difference(values: Sequence[float], reference: Sequence[float]) -> tup
     diff = float(a.mean() - b.mean())
     if a.size < 2 or b.size < 2:
         return diff, math.nan, math.nan
-    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
-    if va + vb == 0:
+    if a.var(ddof=1) + b.var(ddof=1) == 0:
         return diff, diff, diff
-    dof = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
-    half = float(stats.t.ppf(0.975, dof)) * math.sqrt(va + vb)
-    return diff, diff - half, diff + half
+    ci = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    return diff, float(ci.low), float(ci.high)
 
 
 def predicted_mean(x: Sequence[float], y: Sequence[float], at: float, m: int) -> tuple[float, float, float]:
@@ -256,4 +258,81 @@ def trend(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, float, 
     fit = stats.linregress(pairs[:, 0], pairs[:, 1])
     half = float(stats.t.ppf(0.975, n - 2)) * float(fit.stderr)
     return float(fit.slope), float(fit.slope) - half, float(fit.slope) + half, float(fit.pvalue), n
+
+
+COST_MODELS = ("step", "linear", "step + linear")
+"""The shapes :func:`cost_models` fits: a constant cost of any staleness, a cost per version of mean age, both."""
+TERMS = {"step": ("k ≥ 1",), "linear": ("per version",), "step + linear": ("k ≥ 1", "per version")}
+"""Each model's terms after the intercept: the cost of any staleness, the cost per version of mean age."""
+
+
+@dataclass(frozen=True)
+class ModelFit:
+    """One model of :func:`cost_models`: its terms' coefficients with 95 % intervals, its fit and its
+    out-of-cell prediction error."""
+
+    model: str
+    intercept: float
+    terms: dict[str, tuple[float, float, float]]
+    """Per term (:data:`TERMS`): (coefficient, low, high), the t interval with n - coefficients degrees of freedom."""
+    n: int
+    rss: float
+    aic: float
+    loco_rmse: float
+    """Root mean square of the errors in each stale cell's mean predicted with that cell left out; NaN where the
+    model cannot be fitted without some cell (fewer other cells than coefficients)."""
+    loco_cells: int
+
+
+def _design(model: str, stale: np.ndarray, age: np.ndarray) -> np.ndarray:
+    columns = {"step": [stale], "linear": [age], "step + linear": [stale, age]}[model]
+    return np.column_stack([np.ones_like(age), *columns])
+
+
+def _ols(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """(coefficients, their 95 % half-widths, residual sum of squares) of the least-squares fit of y on x."""
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    residuals = y - x @ coef
+    rss = float(residuals @ residuals)
+    dof = len(y) - x.shape[1]
+    if dof < 1:
+        return coef, np.full(x.shape[1], math.nan), rss
+    cov = rss / dof * np.linalg.pinv(x.T @ x)
+    return coef, float(stats.t.ppf(0.975, dof)) * np.sqrt(np.diag(cov)), rss
+
+
+def cost_models(k: Sequence[int | None], age: Sequence[float], y: Sequence[float]) -> list[ModelFit]:
+    """Per run its bound ``k`` (0: synchronous; ``None``: unbounded), realised mean ``age`` and statistic ``y``:
+    each of :data:`COST_MODELS` with no more coefficients than cells, fitted by least squares over the runs
+    where age and y are finite, in that order; an empty list without both a synchronous and a stale cell, or
+    with fewer than four runs. The runs
+    of one ``k`` are a cell; only stale cells are left out (without k = 0 the step model has no reference)."""
+    rows = [(kk, a, b) for kk, a, b in zip(k, age, y, strict=True) if math.isfinite(a) and math.isfinite(b)]
+    cells = np.asarray(["∞" if kk is None else str(kk) for kk, _, _ in rows])
+    stale = np.asarray([float(kk != 0) for kk, _, _ in rows])
+    ages = np.asarray([a for _, a, _ in rows], dtype=float)
+    values = np.asarray([b for _, _, b in rows], dtype=float)
+    if len(rows) < 4 or stale.all() or not stale.any():
+        return []
+    fits = []
+    for model in COST_MODELS:
+        x = _design(model, stale, ages)
+        n, p = len(values), x.shape[1]
+        if len(set(cells)) < p:  # one coefficient per cell at most: more would fit the seeds' noise
+            continue
+        coef, half, rss = _ols(x, values)
+        errors = []
+        for cell in sorted(set(cells[stale == 1])):
+            keep = cells != cell
+            if len(set(cells[keep])) < p:
+                break
+            fitted, _, _ = _ols(x[keep], values[keep])
+            errors.append(float((x[~keep] @ fitted).mean() - values[~keep].mean()))
+        stale_cells = len(set(cells[stale == 1]))
+        rmse = math.sqrt(float(np.mean(np.square(errors)))) if len(errors) == stale_cells else math.nan
+        terms = {name: (float(c), float(c - h), float(c + h)) for name, c, h in zip(TERMS[model], coef[1:], half[1:],
+                                                                                     strict=True)}
+        aic = n * math.log(rss / n) + 2 * (p + 1) if rss > 0 else -math.inf
+        fits.append(ModelFit(model, float(coef[0]), terms, n, rss, aic, rmse, stale_cells))
+    return fits
 

@@ -168,7 +168,7 @@ def test_a_run_stopped_by_its_time_budget_is_not_called_partial(tmp_path, make_r
 
 
 def test_curves_colour_by_k_and_by_run_when_k_is_shared(tmp_path, make_run):
-    from ragen_async.experiments.report import _color, _run_colors
+    from ragen_async.experiments.report.figures import _color, _run_colors
 
     def runs(*ks):
         return [RunData.load(make_run(tmp_path / f"r{i}-k{k}", steps=2, k=k)) for i, k in enumerate(ks)]
@@ -182,11 +182,11 @@ def test_curves_colour_by_k_and_by_run_when_k_is_shared(tmp_path, make_run):
 
 
 def test_baselines_are_drawn_on_every_validation_plot(sweep_like, tmp_path, monkeypatch):
-    from ragen_async.experiments import report
+    from ragen_async.experiments.report import figures
 
     saved = {}
-    real_save = report._save
-    monkeypatch.setattr(report, "_save", lambda fig, path: saved.setdefault(path.name, fig) and real_save(fig, path))
+    real_save = figures._save
+    monkeypatch.setattr(figures, "_save", lambda fig, path: saved.setdefault(path.name, fig) and real_save(fig, path))
     write_report([sweep_like], tmp_path / "out", baselines={"random": 0.211, "oracle": 1.0})
 
     def levels(ax):

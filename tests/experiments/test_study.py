@@ -385,3 +385,60 @@ def test_a_config_key_a_run_did_not_record_counts_as_its_default_and_does_not_sp
                      config={"staleness": {"max_staleness": 4, "fixed_lag": False, "adaptive_signals": ["stale_ess"]}})
     keys = {s.name: s.cell_key for s in write_report([old, new, other], tmp_path / "out").summaries}
     assert keys["old"] == keys["new"] != keys["other"]
+
+
+def _cells(shape, ks=(0, 1, 2, 4, 8), noise=(-0.004, 0.0, 0.004)):
+    """Three runs per k, realised mean age 0.9 k, success ``shape(k, age)`` plus a fixed spread of seeds."""
+    k = [kk for kk in ks for _ in noise]
+    age = [0.9 * kk for kk in k]
+    y = [shape(kk, a) + e for kk, a, e in zip(k, age, noise * len(ks), strict=True)]
+    return k, age, y
+
+
+def test_the_cost_models_tell_a_step_from_a_line():
+    line = {f.model: f for f in study.cost_models(*_cells(lambda k, a: 0.40 - 0.005 * a))}
+    step = {f.model: f for f in study.cost_models(*_cells(lambda k, a: 0.40 - 0.02 * (k > 0)))}
+    assert line["linear"].aic < line["step"].aic and line["linear"].loco_rmse < line["step"].loco_rmse
+    assert step["step"].aic < step["linear"].aic and step["step"].loco_rmse < step["linear"].loco_rmse
+    # The linear model is the trend; the step model's constant is the stale runs' mean minus k = 0's.
+    k, age, y = _cells(lambda k, a: 0.40 - 0.005 * a)
+    assert line["linear"].terms["per version"] == pytest.approx(study.trend(age, y)[:3])
+    assert step["step"].terms["k ≥ 1"][0] == pytest.approx(-0.02)
+    fit = line["linear"]
+    assert fit.aic == pytest.approx(fit.n * math.log(fit.rss / fit.n) + 2 * 3) and fit.loco_cells == 4
+    # Leave-one-cell-out, by hand for the step model: a left-out stale cell is predicted by the other stale
+    # cells' mean.
+    cells = {kk: np.mean([v for kv, v in zip(k, y, strict=True) if kv == kk]) for kk in set(k)}
+    errors = [np.mean([cells[o] for o in (1, 2, 4, 8) if o != c]) - cells[c] for c in (1, 2, 4, 8)]
+    assert line["step"].loco_rmse == pytest.approx(math.sqrt(np.mean(np.square(errors))))
+    # Both terms need three cells; with k = 0 and one stale cell only the two one-term models are fitted.
+    assert [f.model for f in study.cost_models(*_cells(lambda k, a: 0.4 - 0.01 * a, ks=(0, 4)))] == ["step", "linear"]
+    assert study.cost_models(*_cells(lambda k, a: 0.4, ks=(2, 4))) == []  # no k = 0: no step to measure
+
+
+def test_the_report_prints_the_headline_s_model_comparison_step_size_factor_and_speed(tmp_path, make_run):
+    """Each number an answer quotes is in the report: which model the data prefer and by how much, the step-size
+    factor with and without the unbounded cell, and speed inside the runs beside the idle-machine figures."""
+    root = tmp_path / "runs"
+    def config(lr, k):  # the k >= 1 runs pinned, as the study placed them
+        pinned = {"rollout": {"cpu_affinity": [0]}, "learner": {"cpu_affinity": [1]}} if k else {"learner": {}}
+        return {**pinned, "learner": {**pinned["learner"], "actor_lr": lr}}
+
+    for lr, steep in ((1e-4, 0.005), (2e-4, 0.010)):
+        for seed, offset in enumerate((-0.004, 0.0, 0.004)):
+            for k in (0, 2, 4, 8):
+                speed = {step: {"throughput/groups_per_s": (2.0 if k == 0 else 2.2) + offset} for step in range(1, 21)}
+                make_run(root / f"lr{lr:g}-k{k}-s{seed}", k=k, seed=seed, extra=speed,
+                         config=config(lr, k),
+                         val_curve=lambda st, tot, k=k, o=offset, s=steep: 0.4 + o - s * 0.5 * k)
+    md = write_report([root], tmp_path / "out", throughput={0: 2.0, 2: 2.3, 4: 2.2, 8: 2.4}).markdown.read_text()
+    shape = md.split("## The shape of the cost")[1].split("\n## ")[0]
+    assert "At actor lr 0.0001 (12 runs): AIC prefers the linear model by" in shape
+    assert "| 0.0001 | linear | 12 | per version: -0.0050 [" in shape
+    steps = md.split("## Step size")[1].split("\n## ")[0]
+    assert "| 0.0002 | all cells | -0.0050 [" in steps and "| 2.0× |" in steps
+    speed = md.split("## Speed: inside the runs and on the idle machine")[1].split("\n## ")[0]
+    assert "| 0.0001 | 2 | pinned | 3 | 2.20 [" in speed and "| 1.10× | 2.300 | 1.15× |" in speed
+    assert ("At actor lr 0.0001, inside the runs: k ≥ 2 (pinned, 9 runs) 2.20 [2.20, 2.20] groups/s against "
+            "k = 0's 2.00 [1.99, 2.01] (3 runs): 1.10×") in speed
+    assert "on the idle machine (`--throughput`) k ≥ 2: 2.200–2.400 groups/s against 2.000: 1.10–1.20×." in speed
