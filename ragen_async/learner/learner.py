@@ -287,6 +287,7 @@ class Learner:
         # Back to the batch's row order.
         inverse = np.argsort(np.concatenate(groups)) if groups else np.zeros(0, dtype=np.int64)
         inverse_t = torch.as_tensor(inverse, device=self.device)
+        self._reshard()  # FSDP keeps the root units gathered after a forward without backward: free them
         return {k: torch.cat(v)[inverse_t] for k, v in out.items()}
 
     def _throwaway_forward(self, batch: TokenBatch, logprobs: bool) -> None:
