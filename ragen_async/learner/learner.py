@@ -14,17 +14,17 @@ A plain class: the single-process loop builds one directly, the Ray learner pool
    however many optimizer mini-batch steps it takes), as AReaL counts and as admission, fixed-lag and
    every staleness metric assume.
 
-It also owns checkpoints: model, critic, optimizers, version and RNG states.
+Weights, gradients and optimizer state are fp32 masters; forwards compute in ``model.dtype``
+(``learner/precision.py``). Data parallelism (DDP or per-layer FSDP2) is ``learner/parallel.py``; checkpoints
+(model, critic, optimizers, version and RNG states) are ``learner/checkpoint.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import logging
 import math
-import random
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -35,19 +35,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from ragen_async import algo
 from ragen_async.config import RunConfig
-from ragen_async.learner import precision
+from ragen_async.learner import checkpoint, parallel, precision
 from ragen_async.learner.batch import TokenBatch, collate_shard, pack_rows, split_even
 from ragen_async.protocol import BatchShard
 from ragen_async.weight_sync.base import flatten_parameters
@@ -72,18 +65,6 @@ def merge_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
 
 GATHER_BUCKET_BYTES = 256 * 2**20
 """Default bound on the full parameters one FSDP gather holds at once (:meth:`Learner.full_weight_buckets`)."""
-
-SHARED_STATE = "learner_state"
-"""The checkpoint folder (written by rank 0) with the optimizer, critic and reference states, one file per
-part (``actor_opt.pt``, ``critic.pt``, ``critic_opt.pt``, ``ref.pt``; an absent part has no file), so rank 0
-holds one full part at a time: at Qwen2.5-0.5B's size an optimizer's full state is 4 GB."""
-OLD_SHARED_STATE = "learner_state.pt"
-"""The same parts in one file, as earlier checkpoints hold them."""
-SHARED_PARTS = ("actor_opt", "critic", "critic_opt", "ref")
-
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-"""Full (unsharded) state dicts, gathered to rank 0's CPU; the other ranks get empty ones."""
-
 
 @dataclass(frozen=True)
 class TrainResult:
@@ -196,20 +177,7 @@ class Learner:
     def _wrap(self, model: nn.Module) -> nn.Module:
         if not self.distributed:
             return model
-        if self.cfg.learner.strategy == "fsdp":
-            from torch.distributed.fsdp import fully_shard
-
-            # FSDP2: each decoder layer is its own unit (gathered for its forward and backward only,
-            # the next one's gather overlapping this one's compute), the rest (embeddings, tied head,
-            # final norm, value head) the root's. Gathered in the compute dtype, reduced in fp32.
-            policy = precision.fsdp_policy(self.compute_dtype)
-            for layer in decoder_layers(model):
-                fully_shard(layer, mp_policy=policy)
-            fully_shard(model, mp_policy=policy)
-            return model
-        from torch.nn.parallel import DistributedDataParallel
-
-        return DistributedDataParallel(model)
+        return parallel.wrap(model, self.cfg.learner.strategy, self.compute_dtype)
 
     # ------------------------------------------------------------------ forward passes
     def _policy_forward(self, model: nn.Module, mb: TokenBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -577,155 +545,16 @@ class Learner:
         return [item for bucket in self.full_weight_buckets(bucket_bytes) for item in bucket]
 
     def save_checkpoint(self, path: Path, extra: dict | None = None, write_weights: bool = True) -> None:
-        """Write ``learner_rank{rank}.pt`` (version, RNG, ``extra``) and, on rank 0, ``learner_state/``
-        (optimizers, critic, reference model) and, with ``write_weights``, the actor in Hugging Face
-        layout with its tokenizer. Models and optimizers are saved as full, unsharded state dicts keyed
-        by parameter name, so a checkpoint loads under any strategy and rank count. Shared files are
-        written by rank 0 alone (no rank races on them). Under FSDP this is a collective (every rank
-        takes part in the gathers); otherwise the ranks need not call it together. The caller waits
-        for every rank's save before finalising the checkpoint."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        self._reshard()
-        gathers = self.sharded or self.rank == 0  # ranks that take part in building the shared files
-        if write_weights and gathers:
-            weights = get_model_state_dict(self.actor_head, options=_FULL)
-            if self.rank == 0:
-                from transformers import AutoTokenizer
-
-                # A gathered state dict holds tied weights (lm_head = embeddings) as separate copies;
-                # write each once, as save_pretrained does for the live (shared) tensors.
-                tied = _aliases(self.actor)
-                weights = {k: v for k, v in _strip(weights, "lm.").items() if k not in tied}
-                self.actor.save_pretrained(path / "actor", state_dict=weights)
-                # With its tokenizer, a checkpoint's actor is a model directory (model.path=.../actor).
-                AutoTokenizer.from_pretrained(self.cfg.model.path).save_pretrained(path / "actor")
-        if gathers:
-            parts = {
-                "actor_opt": lambda: self._full_optim(self.actor_head, self.actor_opt),
-                "critic": lambda: get_model_state_dict(self.critic, options=_FULL) if self.critic is not None else None,
-                "critic_opt": lambda: self._full_optim(self.critic, self.critic_opt) if self.critic is not None else None,
-                "ref": lambda: get_model_state_dict(self.ref, options=_FULL) if self.ref is not None else None,
-            }
-            if self.rank == 0:
-                (path / SHARED_STATE).mkdir(exist_ok=True)
-            for name, gather in parts.items():  # one full part in memory at a time
-                part = gather()
-                if self.rank == 0 and part is not None:
-                    torch.save(part, path / SHARED_STATE / f"{name}.pt")
-                del part
-        state = {
-            "policy_version": self.policy_version,
-            "skipped_steps": self.skipped_steps,
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
-            "extra": extra or {},
-        }
-        torch.save(state, path / f"learner_rank{self.rank}.pt")
-
-    @staticmethod
-    def _full_optim(model: nn.Module, opt: torch.optim.Optimizer) -> dict | None:
-        # An optimizer that never stepped has no state; get_optimizer_state_dict would initialise it
-        # with a zero step (counted by Adam's bias correction), so save nothing instead.
-        return get_optimizer_state_dict(model, opt, options=_FULL) if opt.state else None
+        """Write this rank's part of a checkpoint (``learner/checkpoint.py``: the actor, the shared state on
+        rank 0, each rank's version and RNG). Under FSDP a collective (every rank takes part in the gathers);
+        otherwise the ranks need not call it together. The caller waits for every rank's save before
+        finalising the checkpoint."""
+        checkpoint.save(self, path, extra, write_weights)
 
     def load_checkpoint(self, path: Path) -> dict:
-        """Restore a checkpoint written by :meth:`save_checkpoint` under any strategy and rank count
-        (a rank without its own ``learner_rank{r}.pt`` takes rank 0's), or an older one with the
-        optimizers and critic in every rank's file. With several ranks this is a collective: rank 0
-        reads the shared files and broadcasts them (sharding them under FSDP)."""
-        path = Path(path)
-        self._reshard()
-        # Read, then agree: a rank that failed to read must not leave the others waiting in a collective.
-        weights: dict[str, torch.Tensor] = {}
-        present: dict[str, bool] = {}
-        try:
-            own = path / f"learner_rank{self.rank}.pt"
-            if not own.exists():
-                log.warning("%s not in checkpoint %s (written by fewer ranks): using rank 0's", own.name, path)
-                own = path / "learner_rank0.pt"
-            state = torch.load(own, weights_only=False)
-            if self.rank == 0:  # rank 0 reads the shared files and broadcasts them, one part at a time
-                weights = self._read_actor(path)
-                present = self._shared_parts(path)
-            error = None
-        except Exception as e:
-            error = e
-        # Which parts the checkpoint holds (rank 0 knows): every rank must run the same collectives.
-        reports = self._all_gather((None if error is None else f"rank {self.rank}: {error!r}", present))
-        if error is not None:
-            raise error
-        if failed := [e for e, _ in reports if e is not None]:
-            raise RuntimeError(f"cannot load checkpoint {path}: {'; '.join(failed)}")
-        present = reports[0][1]
-        if self.critic is not None and not present["critic"]:
-            raise RuntimeError(f"checkpoint {path} has no critic, but algo.adv_estimator needs one")
-        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=self.distributed, strict=False)
-        set_model_state_dict(self.actor_head, weights, options=opts)
-        del weights
-        strict = dataclasses.replace(opts, strict=True)
-
-        def part(name: str) -> dict:
-            return self._read_part(path, name) if self.rank == 0 else {}
-
-        if present["actor_opt"]:
-            set_optimizer_state_dict(self.actor_head, self.actor_opt, part("actor_opt"), options=opts)
-        else:  # saved before the first step
-            self.actor_opt.state.clear()
-        if self.critic is not None:
-            set_model_state_dict(self.critic, part("critic"), options=strict)
-            if present["critic_opt"]:
-                set_optimizer_state_dict(self.critic, self.critic_opt, part("critic_opt"), options=opts)
-            else:
-                self.critic_opt.state.clear()
-        if self.ref is not None and present["ref"]:
-            set_model_state_dict(self.ref, part("ref"), options=strict)
-        self.policy_version = state["policy_version"]
-        self.skipped_steps = state["skipped_steps"]
-        torch.set_rng_state(state["rng"]["torch"])
-        np.random.set_state(state["rng"]["numpy"])
-        random.setstate(state["rng"]["python"])
-        return state["extra"]
-
-    def _shared_parts(self, path: Path) -> dict[str, bool]:
-        """Rank 0: which of :data:`SHARED_PARTS` the checkpoint holds."""
-        if (path / SHARED_STATE).is_dir():
-            return {name: (path / SHARED_STATE / f"{name}.pt").is_file() for name in SHARED_PARTS}
-        return {name: value is not None for name, value in self._read_old_shared(path).items()}
-
-    def _read_part(self, path: Path, name: str) -> dict:
-        """Rank 0: one part of the shared state, as a full state dict keyed by parameter name."""
-        if (path / SHARED_STATE).is_dir():
-            return torch.load(path / SHARED_STATE / f"{name}.pt", weights_only=False)
-        return self._read_old_shared(path)[name]
-
-    def _read_old_shared(self, path: Path) -> dict:
-        """Rank 0: the shared state of an earlier checkpoint (small models only): all parts in
-        ``learner_state.pt``, or, older still, in each rank's file with the optimizer states keyed by
-        parameter index (the order of ``parameters()``, the same under every strategy)."""
-        if (path / OLD_SHARED_STATE).exists():
-            return torch.load(path / OLD_SHARED_STATE, weights_only=False)
-        old = torch.load(path / "learner_rank0.pt", weights_only=False)
-        actor_names = [f"lm.{n}" for n, _ in self.actor.named_parameters()]
-        critic_names = [n for n, _ in self.critic.named_parameters()] if self.critic is not None else []
-        return {"actor_opt": _by_name(old["actor_opt"], actor_names),
-                "critic": old.get("critic"),
-                "critic_opt": _by_name(old.get("critic_opt"), critic_names),
-                "ref": old.get("ref")}
-
-    def _read_actor(self, path: Path) -> dict[str, torch.Tensor]:
-        """Rank 0: the checkpoint's actor weights, keyed as in ``actor_head``, checked against the model
-        (a tied ``lm_head`` is not saved)."""
-        from safetensors.torch import load_file
-
-        weights: dict[str, torch.Tensor] = {}
-        for f in sorted((path / "actor").glob("*.safetensors")):
-            weights.update({f"lm.{k}": v for k, v in load_file(str(f)).items()})
-        expected = set(self.actor_head.state_dict())
-        missing = sorted(k for k in expected - weights.keys() if "lm_head" not in k)
-        unexpected = sorted(weights.keys() - expected)
-        if missing or unexpected:
-            raise RuntimeError(f"checkpoint {path} does not match the model: missing={missing} unexpected={unexpected}")
-        return weights
+        """Restore a checkpoint written under any strategy and rank count; returns its ``extra``. With several
+        ranks a collective: rank 0 reads the shared files and broadcasts them (sharding them under FSDP)."""
+        return checkpoint.load(self, path)
 
     def _all_gather(self, obj) -> list:
         """Every rank's ``obj``, in rank order."""
@@ -734,40 +563,3 @@ class Learner:
         out: list = [None] * self.world_size
         dist.all_gather_object(out, obj)
         return out
-
-
-
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks of a Hugging Face model (its ``_no_split_modules`` classes, e.g.
-    ``Qwen2DecoderLayer``): the units FSDP shards one at a time."""
-    names: set[str] = set()
-    for m in model.modules():
-        names.update(getattr(m, "_no_split_modules", None) or ())
-    layers = [m for m in model.modules() if type(m).__name__ in names]
-    if not layers:
-        raise ValueError(f"{type(model).__name__}: no decoder layers found (no _no_split_modules) to shard with FSDP")
-    return layers
-
-
-def _strip(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    return {k.removeprefix(prefix): v for k, v in state.items()}
-
-
-def _aliases(model: nn.Module) -> set[str]:
-    """State-dict keys whose tensor is an earlier key's (tied weights)."""
-    seen: set[int] = set()
-    aliases = set()
-    for k, v in model.state_dict(keep_vars=True).items():
-        if id(v) in seen:
-            aliases.add(k)
-        seen.add(id(v))
-    return aliases
-
-
-def _by_name(osd: dict | None, names: list[str]) -> dict | None:
-    """An optimizer state dict keyed by parameter index -> keyed by name (get_optimizer_state_dict's
-    full layout); ``None`` when there is no state (an optimizer that never stepped)."""
-    if not osd or not osd["state"]:
-        return None
-    return {"state": {names[i]: s for i, s in osd["state"].items()},
-            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in osd["param_groups"]]}

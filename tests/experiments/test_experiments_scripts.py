@@ -272,8 +272,9 @@ def test_sbatch_starts_ray_on_every_node_runs_the_driver_and_stops_ray(fake_slur
     assert any(c.startswith("srun --overlap --cpus-per-task=8 --nodes=1 --ntasks=1 -w node-a") for c in calls)
     assert any("--nodes=1 --ntasks=1 --ntasks-per-node=1 --exclude=node-a" in c for c in calls)
     driver = next(c for c in calls if c.startswith("driver"))
-    assert driver == f"driver -u -m ragen_async.cli train {CONFIG} seed=1 runtime=ray --run-dir runs/slurm-4242 " \
-                     f"RAY_ADDRESS=10.1.2.3:{port} AUTH=disabled"
+    # The run directory made absolute (the submit directory's path, the same on every node).
+    assert driver == f"driver -u -m ragen_async.cli train {CONFIG} seed=1 runtime=ray --run-dir {os.getcwd()}/runs/" \
+                     f"slurm-4242 RAY_ADDRESS=10.1.2.3:{port} AUTH=disabled"
     assert "stopping Ray on 2 node(s)" in result.stdout
 
 

@@ -67,11 +67,11 @@ def _counted_buckets(learner: Learner) -> list[dict]:
         DTensor.full_tensor = original
 
 
-def _rank(rank, world, port, model_path, shard, ckpt, out):
+def _rank(rank, world, init, model_path, shard, ckpt, out):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     rec: dict = {}
     t0 = time.perf_counter()
     fsdp = Learner(_cfg(model_path, "fsdp"), rank=rank, world_size=world)

@@ -27,12 +27,12 @@ def _split(shard, lo: int, hi: int, rank: int):
                                normalized_scores=shard.normalized_scores[take], rank=rank, world_size=2)
 
 
-def _rank(rank, world, port, model_path, shard, out):
+def _rank(rank, world, init, model_path, shard, out):
     import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     learner = Learner(make_cfg(model_path, *OVERRIDES), rank=rank, world_size=world)
     units = sum(isinstance(m, FSDPModule) for m in learner.actor_head.modules())

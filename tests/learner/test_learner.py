@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 import pytest
 import torch
@@ -43,21 +44,47 @@ def make_shard(model_path, cfg, num_ranks=1):
     return shards
 
 
+def _traced(target, trace: str, *args) -> None:
+    """A rank's body, with a dump of every thread's stack to ``trace`` should it run past the test's limit."""
+    import faulthandler
+
+    with open(trace, "w") as f:
+        faulthandler.dump_traceback_later(SPAWN_LIMIT_S - 30, file=f)
+        target(*args)
+        faulthandler.cancel_dump_traceback_later()
+
+
+SPAWN_LIMIT_S = 300
+"""How long a spawned rank may take; a rank still running then fails the test with its stacks."""
+
+
 def spawn_ranks(target, make_args, world: int = 2) -> None:
-    """Run ``target(rank, world, port, *make_args(rank))`` in ``world`` spawned processes (one gloo
-    group) and require each to exit cleanly."""
+    """Run ``target(rank, world, init, *make_args(rank))`` in ``world`` spawned processes (one gloo group,
+    ``init`` its ``init_method``) and require each to exit cleanly. The group meets through a file, not a
+    port: a port picked free here can be taken by another process before rank 0 binds it, and a rank that
+    then reaches something else's socket waits out the group's timeout."""
+    import tempfile
+
     import torch.multiprocessing as mp
 
-    from ragen_async.learner.actor import free_port
-
     ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=target, args=(r, world, port, *make_args(r))) for r in range(world)]
+    tmp = tempfile.mkdtemp(prefix="ranks-")
+    init = f"file://{tmp}/rendezvous"
+    traces = [f"{tmp}/rank{r}.trace" for r in range(world)]
+    procs = [ctx.Process(target=_traced, args=(target, traces[r], r, world, init, *make_args(r))) for r in range(world)]
     for p in procs:
         p.start()
+    deadline = time.monotonic() + SPAWN_LIMIT_S
     for p in procs:
-        p.join(300)
-        assert p.exitcode == 0
+        p.join(max(1.0, deadline - time.monotonic()))
+    stuck = [r for r, p in enumerate(procs) if p.exitcode is None]
+    for p in procs:
+        if p.exitcode is None:
+            p.kill()
+            p.join()
+    stacks = "".join(f"--- rank {r}:\n{open(traces[r]).read()}" for r in stuck)
+    assert not stuck, f"rank(s) {stuck} still running after {SPAWN_LIMIT_S} s:\n{stacks}"
+    assert [p.exitcode for p in procs] == [0] * world
 
 
 def test_train_step_advances_version_and_reports_metrics(tiny_model_path):
@@ -126,11 +153,11 @@ def test_checkpoint_resume_reproduces_the_next_step(tiny_model_path, tmp_path):
 DDP_OVERRIDES = ("learner.mini_batch_size=16", "learner.logits_chunk_tokens=32")
 
 
-def _ddp_rank(rank, world, port, model_path, shard, out):
+def _ddp_rank(rank, world, init, model_path, shard, out):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     learner = Learner(make_cfg(model_path, *DDP_OVERRIDES), rank=rank, world_size=world)
     torch.save(learner.train_step(shard).metrics, out / f"rank{rank}.pt")
     dist.destroy_process_group()
@@ -156,11 +183,11 @@ def test_two_ranks_give_the_single_process_gradient(tiny_model_path, tmp_path):
         assert merged[key] == pytest.approx(single[key], rel=1e-4, abs=1e-6), key
 
 
-def _checkpoint_rank(rank, world, port, model_path, shard, ckpt, out):
+def _checkpoint_rank(rank, world, init, model_path, shard, ckpt, out):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     cfg = make_cfg(model_path, "learner.mini_batch_size=16")
     learner = Learner(cfg, rank=rank, world_size=world)
     learner.train_step(shard)
