@@ -137,7 +137,9 @@ def cluster():
                         "WANDB_TAGS", "WANDB_PROJECT", "WANDB_ENTITY", "RAGEN_RUN_ROOT")}
     env.update(PATH=f"{BIN}:{env.get('PATH', '')}", RAY_AUTH_MODE="disabled", WANDB_SILENT="true",
                PYTHON=sys.executable, RAY=str(BIN / "ray"))
-    worker_base = 20000 + (os.getpid() % 400) * 100
+    # Worker ports below the kernel's ephemeral range (Linux: 32768-60999), where free_ports' picks lie: a
+    # worker range inside it met one of them once and `ray start` refused to run.
+    worker_base = 10000 + (os.getpid() % 200) * 100
     start = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--num-cpus=4", "--object-store-memory=200000000",
          f"--temp-dir={temp_dir}", "--node-ip-address=127.0.0.1", f"--port={gcs}", "--dashboard-host=127.0.0.1",
