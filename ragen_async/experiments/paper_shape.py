@@ -555,6 +555,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", type=Path, default=None,
                         help="where the model is built (default: artifacts/qwen2.5-0.5b-shape[-lN][-vV])")
     parser.add_argument("--runs-root", type=Path, default=RUNS_ROOT, help="parent of the run directory")
+    parser.add_argument("--keep-checkpoints", action="store_true",
+                        help="keep the run's checkpoints after a pass (about 19 GB; a failed run always keeps them)")
     parser.add_argument("--timeout-min", type=float, default=25.0, help="minutes each of the two runs may take")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the model even if a build with its key exists")
     parser.add_argument("overrides", nargs="*", help="extra dotted config overrides for run 1 (e.g. inference.kv_cache_gib=0.2)")
@@ -694,9 +696,13 @@ def _run(args: argparse.Namespace) -> int:
                f"run {run_dir}")
     if total_s > BUDGET_S:
         log(f"note: {total_s / 60:.1f} min is over the {BUDGET_S / 60:.0f}-minute budget of `make paper-shape`")
-    if checks.failed:
+    if checks.failed:  # a failed run keeps everything, for a look
         print(f"paper-shape: FAILED {'; '.join(checks.failed)} | {figures}", flush=True)
         return 1
+    if not args.keep_checkpoints:  # two checkpoints of fp32 masters and AdamW state: about 19 GB a pass
+        freed = sum(p.stat().st_size for p in (run_dir / "checkpoints").rglob("*") if p.is_file())
+        shutil.rmtree(run_dir / "checkpoints")
+        log(f"removed the run's checkpoints ({_gib(freed)}; --keep-checkpoints keeps them)")
     print(f"paper-shape: OK {figures}", flush=True)
     return 0
 
