@@ -243,10 +243,11 @@ class TrajectoryBuffer:
 
     # -- staleness gate ----------------------------------------------------------------------------
 
-    def set_max_staleness(self, k: int) -> None:
-        """Move the bound (adaptive staleness); the staleness gate applies it from the next group on."""
-        if self.fixed_lag or self.max_staleness is None:
-            raise ValueError("only a bounded, non-fixed-lag buffer can move its bound")
+    def set_max_staleness(self, k: int | None) -> None:
+        """Move the bound (adaptive staleness; ``None`` lifts it); the staleness gate applies it from the next
+        group on."""
+        if self.fixed_lag:
+            raise ValueError("a fixed-lag buffer cannot move its bound")
         self.max_staleness = k
         self._counted_at = None
 

@@ -199,7 +199,8 @@ def audit(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> N
     k = s.max_staleness
     rule = {"unbounded": "unbounded (max_staleness: null)", "bounded": f"bounded by k = {k}",
             "fixed_lag": f"fixed lag: exactly min(k = {k}, learner version) old",
-            "adaptive": f"adaptive: the bound in force at each step, from metrics.jsonl staleness/bound, at most k = {k}",
+            "adaptive": "adaptive: the bound in force at each step, from metrics.jsonl staleness/bound, "
+                        + (f"at most k = {k}" if k is not None else "starting unbounded"),
             }[stale["regime"]]
     violations = stale["violations"]
     console.print(f"staleness ({rule}): {stale['groups']} consumed groups, max {stale['max']}; "

@@ -219,7 +219,11 @@ class StalenessConfig(_Strict):
     adaptive: bool = False
     """Let the bound move between adaptive_min_k and max_staleness (where it starts): halve it at a step
     where an early-warning signal fires (``collapse.EarlyWarning``), raise it by one after
-    adaptive_patience quiet steps (``staleness.AdaptiveBound``); logged as ``staleness/bound``."""
+    adaptive_patience quiet steps (``staleness.AdaptiveBound``); logged as ``staleness/bound``. With
+    max_staleness null it starts unbounded and a warning sets adaptive_engage_k."""
+    adaptive_engage_k: int | None = Field(None, ge=0)
+    """Adaptive from unbounded (max_staleness null): the bound the first warning sets; a quiet stretch that
+    would raise the bound past it lifts the bound again."""
     adaptive_min_k: int = Field(0, ge=0)
     """The lowest bound the adaptive controller may set."""
     adaptive_patience: int = Field(10, ge=1)
@@ -232,18 +236,25 @@ class StalenessConfig(_Strict):
     def _consistent_bound(self) -> StalenessConfig:
         if self.fixed_lag and self.max_staleness is None:
             raise ValueError("staleness.fixed_lag needs an integer staleness.max_staleness")
-        if self.adaptive and (self.fixed_lag or not self.max_staleness):
-            raise ValueError("staleness.adaptive moves a bounded k: it needs staleness.max_staleness >= 1 and "
-                             "no fixed_lag")
+        if self.adaptive and (self.fixed_lag or self.max_staleness == 0):
+            raise ValueError("staleness.adaptive moves the bound: it needs staleness.max_staleness >= 1 (or null "
+                             "with adaptive_engage_k) and no fixed_lag")
+        if self.adaptive and self.max_staleness is None and self.adaptive_engage_k is None:
+            raise ValueError("staleness.adaptive from unbounded (max_staleness null) needs "
+                             "staleness.adaptive_engage_k: the bound its first warning sets")
+        if self.adaptive_engage_k is not None and not (self.adaptive and self.max_staleness is None):
+            raise ValueError("staleness.adaptive_engage_k applies only with staleness.adaptive and "
+                             "max_staleness null")
         from ragen_async.collapse import SIGNALS
 
         unknown = [s for s in self.adaptive_signals if s not in SIGNALS]
         if unknown or not self.adaptive_signals:
             raise ValueError(f"staleness.adaptive_signals {self.adaptive_signals}: expected one or more of "
                              f"{', '.join(SIGNALS)}")
-        if self.adaptive and self.adaptive_min_k > self.max_staleness:
-            raise ValueError(f"staleness.adaptive_min_k ({self.adaptive_min_k}) is above staleness.max_staleness "
-                             f"({self.max_staleness})")
+        top = self.max_staleness if self.max_staleness is not None else self.adaptive_engage_k
+        if self.adaptive and self.adaptive_min_k > top:
+            raise ValueError(f"staleness.adaptive_min_k ({self.adaptive_min_k}) is above the bound it starts "
+                             f"from ({top})")
         return self
 
 

@@ -172,7 +172,8 @@ class Trainer:
         self._tokenizer: Any = None
         """Loaded on the first ``log_episodes``."""
         s = cfg.staleness
-        self.bound = AdaptiveBound(s.max_staleness, s.adaptive_min_k, s.adaptive_patience) if s.adaptive else None
+        self.bound = (AdaptiveBound(s.max_staleness, s.adaptive_min_k, s.adaptive_patience, s.adaptive_engage_k)
+                      if s.adaptive else None)
         """Adaptive staleness (``staleness.adaptive``): the warnings move the bound."""
         self.completed = 0
         """The last learner step whose update the learner holds (what a failure saves)."""
@@ -281,7 +282,7 @@ class Trainer:
         record.update({f"warning/{s}": float(s in fired) for s in SIGNALS})
         fired &= set(self.cfg.staleness.adaptive_signals)
         if self.bound is not None and self.bound.update(bool(fired)) != self.buffer.max_staleness:
-            log.info("adaptive staleness: bound %s -> %d (warnings: %s)", self.buffer.max_staleness, self.bound.k,
+            log.info("adaptive staleness: bound %s -> %s (warnings: %s)", self.buffer.max_staleness, self.bound.k,
                      ", ".join(sorted(fired)) or f"none for {self.bound.patience} steps")
             self.buffer.set_max_staleness(self.bound.k)
             await self.runtime.admission.set_max_staleness(self.bound.k)
@@ -435,7 +436,7 @@ class Trainer:
         await self.runtime.admission.restore(state["admission"])
         if "early_warning" in state:
             self.warnings.restore(state["early_warning"])
-        if "budget" in state:  # (checkpoints written before 2026-12-03 do not have these)
+        if "budget" in state:  # (older checkpoints lack these: keep their defaults)
             self.budget.restore(state["budget"])
             self.collapse_watch.restore(state["collapse_watch"])
             self.duplicates = int(state["duplicate_groups"])

@@ -100,22 +100,22 @@ def audit(provenance: Sequence[dict], admission: dict, up_to_step: int) -> dict:
     }
 
 
-def bounds_from_metrics(records: Iterable[dict]) -> dict[int, int]:
+def bounds_from_metrics(records: Iterable[dict]) -> dict[int, int | None]:
     """The staleness bound in force at each learner step, from ``metrics.jsonl`` records: ``staleness/bound``
     of the step's record (logged before the step's early warnings move it, so it is the bound the buffer
-    applied when that step's batch was taken). The last record of a step wins (a resumed run logs it
-    again); a NaN bound (unbounded) and records without one (validation) are skipped."""
-    out: dict[int, int] = {}
+    applied when that step's batch was taken); ``None`` where it was NaN (unbounded at that step). The last
+    record of a step wins (a resumed run logs it again); records without one (validation) are skipped."""
+    out: dict[int, int | None] = {}
     for r in records:
         bound, step = r.get("staleness/bound"), r.get("learner/step")
-        if step is None or bound is None or not math.isfinite(float(bound)):
+        if step is None or bound is None:
             continue
-        out[int(step)] = int(bound)
+        out[int(step)] = int(bound) if math.isfinite(float(bound)) else None
     return out
 
 
 def audit_staleness(provenance: Sequence[dict], max_staleness: int | None, *, fixed_lag: bool = False,
-                    adaptive: bool = False, bounds: Mapping[int, int] | None = None,
+                    adaptive: bool = False, bounds: Mapping[int, int | None] | None = None,
                     up_to_step: int | None = None) -> dict:
     """Check every consumed group's staleness against the bound in force at its step.
 
@@ -125,8 +125,9 @@ def audit_staleness(provenance: Sequence[dict], max_staleness: int | None, *, fi
     * bounded (``max_staleness = k``): staleness <= k (``max_staleness``); unbounded (``None``): no bound;
     * ``fixed_lag``: oldest and newest token both exactly ``min(k, learner_version)`` old (``fixed_lag``);
     * ``adaptive``: staleness <= ``bounds[step]``, the bound in force at that step (``adaptive_bound``;
-      see :func:`bounds_from_metrics`), capped by k; a step with no recorded bound is checked against k,
-      an upper bound only, and listed in ``bound_unknown_steps``.
+      see :func:`bounds_from_metrics`; ``None``: unbounded then), capped by k; a step with no recorded
+      bound is checked against k, an upper bound only (none when k is None), and listed in
+      ``bound_unknown_steps``.
 
     In every regime a token newer than the learner's version is a violation (``future_version``).
     Steps above ``up_to_step`` are skipped (as :func:`audit` does). Returns the regime, the number of
@@ -135,8 +136,8 @@ def audit_staleness(provenance: Sequence[dict], max_staleness: int | None, *, fi
     """
     if fixed_lag and max_staleness is None:
         raise ValueError("fixed_lag needs an integer max_staleness")
-    regime = ("fixed_lag" if fixed_lag else "unbounded" if max_staleness is None
-              else "adaptive" if adaptive else "bounded")
+    regime = ("fixed_lag" if fixed_lag else "adaptive" if adaptive
+              else "unbounded" if max_staleness is None else "bounded")
     counts: dict[int, int] = {}
     violations: list[dict] = []
     unknown: set[int] = set()
@@ -149,7 +150,7 @@ def audit_staleness(provenance: Sequence[dict], max_staleness: int | None, *, fi
             bound = min(max_staleness, v)
         elif regime == "adaptive":
             if bounds is not None and step in bounds:
-                bound = min(int(bounds[step]), max_staleness)
+                bound = min((b for b in (bounds[step], max_staleness) if b is not None), default=None)
             else:
                 unknown.add(step)
         for g in record["groups"]:

@@ -49,7 +49,7 @@ class Admission(ABC):
         """The controller's state (``AdmissionController.state``) for a checkpoint."""
 
     @abstractmethod
-    async def set_max_staleness(self, k: int) -> None:
+    async def set_max_staleness(self, k: int | None) -> None:
         """Move the bound (``AdmissionController.set_max_staleness``)."""
 
     @abstractmethod
@@ -72,7 +72,7 @@ class LocalAdmission(Admission):
     async def state(self) -> dict[str, Any]:
         return self.controller.state()
 
-    async def set_max_staleness(self, k: int) -> None:
+    async def set_max_staleness(self, k: int | None) -> None:
         self.controller.set_max_staleness(k)
 
     async def restore(self, state: dict[str, Any]) -> None:

@@ -130,11 +130,12 @@ class AdmissionController:
         """Admitted indices not yet reported consumed or dropped, ascending."""
         return sorted(self._outstanding)
 
-    def set_max_staleness(self, k: int) -> None:
-        """Move the bound (adaptive staleness). Lowering it admits nothing new until the published version
-        catches up; groups already started may then be too old, and the buffer drops them on arrival."""
-        if self.max_staleness is None or isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ValueError(f"can only move a finite bound to an integer >= 0, got {self.max_staleness} -> {k!r}")
+    def set_max_staleness(self, k: int | None) -> None:
+        """Move the bound (adaptive staleness; ``None`` lifts it). Lowering it admits nothing new until the
+        published version catches up; groups already started may then be too old, and the buffer drops them
+        on arrival."""
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise ValueError(f"a bound is an integer >= 0 or None (unbounded), got {k!r}")
         self.max_staleness = k
 
     def limit(self) -> int | None:
@@ -250,30 +251,41 @@ class AdmissionController:
 class AdaptiveBound:
     """Adaptive staleness: the bound k halves (down to ``k_min``) at a step where an early-warning signal
     fired, and grows by one (up to ``k_max``, where it starts) after ``patience`` quiet steps in a row.
-    Pure and deterministic: the caller feeds one verdict per learner step."""
 
-    def __init__(self, k_max: int, k_min: int = 0, patience: int = 10) -> None:
-        if not 0 <= k_min <= k_max or patience < 1:
-            raise ValueError(f"need 0 <= k_min <= k_max and patience >= 1 (got {k_min}, {k_max}, {patience})")
-        self.k_max, self.k_min, self.patience = k_max, k_min, patience
-        self.k = k_max
+    With ``k_max`` ``None`` it starts unbounded (``k`` is ``None``): the first warning sets the bound to
+    ``engage_k``, later ones halve it, and the quiet step that would raise it past ``engage_k`` lifts it
+    (unbounded again). Pure and deterministic: the caller feeds one verdict per learner step."""
+
+    def __init__(self, k_max: int | None, k_min: int = 0, patience: int = 10, engage_k: int | None = None) -> None:
+        top = engage_k if k_max is None else k_max
+        if top is None or not 0 <= k_min <= top or patience < 1:
+            raise ValueError(f"need 0 <= k_min <= k_max (or engage_k when unbounded) and patience >= 1 "
+                             f"(got {k_min}, {k_max}, {engage_k}, {patience})")
+        self.k_max, self.k_min, self.patience, self.engage_k = k_max, k_min, patience, engage_k
+        self.k: int | None = k_max
         self.quiet = 0
 
-    def update(self, warned: bool) -> int:
-        """The bound for the next steps, after a step with (``warned``) or without a warning."""
+    def update(self, warned: bool) -> int | None:
+        """The bound for the next steps (``None``: unbounded), after a step with (``warned``) or without a
+        warning."""
         if warned:
-            self.k, self.quiet = max(self.k_min, self.k // 2), 0
-        else:
-            self.quiet += 1
-            if self.quiet >= self.patience and self.k < self.k_max:
+            self.k = max(self.k_min, self.engage_k if self.k is None else self.k // 2)
+            self.quiet = 0
+            return self.k
+        self.quiet += 1
+        if self.k is not None and self.quiet >= self.patience:
+            if self.k_max is None and self.k >= self.engage_k:
+                self.k, self.quiet = None, 0
+            elif self.k_max is None or self.k < self.k_max:
                 self.k, self.quiet = self.k + 1, 0
         return self.k
 
-    def state(self) -> dict[str, int]:
+    def state(self) -> dict[str, int | None]:
         return {"k": self.k, "quiet": self.quiet}
 
     def restore(self, state: dict) -> None:
-        self.k, self.quiet = int(state["k"]), int(state["quiet"])
+        self.k = None if state["k"] is None else int(state["k"])
+        self.quiet = int(state["quiet"])
 
 
 # --------------------------------------------------------------------------------------------------

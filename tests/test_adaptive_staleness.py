@@ -39,9 +39,38 @@ def test_a_lower_bound_closes_admission_until_the_version_catches_up():
     gate.set_published_version(4)  # (1 + 4 + 1) x 2 = 12 may have started: 2 more
     assert [gate.try_admit(), gate.try_admit(), gate.try_admit()] == [10, 11, None]
     with pytest.raises(ValueError):
-        AdmissionController(None, 2).set_max_staleness(1)  # an unbounded gate has nothing to move
-    with pytest.raises(ValueError):
         gate.set_max_staleness(-1)
+
+
+def test_the_bound_engages_from_unbounded_and_is_lifted_again_after_quiet_steps():
+    bound = AdaptiveBound(k_max=None, k_min=1, patience=2, engage_k=4)
+    assert bound.k is None
+    warnings = [False, False, True, True, False, False, False, False, False, False, False, True]
+    # unbounded until the first warning: -> 4, then halved -> 2; quiet x2 -> 3, x2 -> 4, x2 -> lifted; warning -> 4
+    assert [bound.update(w) for w in warnings] == [None, None, 4, 2, 2, 3, 3, 4, 4, None, None, 4]
+    restored = AdaptiveBound(None, 1, 2, engage_k=4)
+    restored.restore({"k": None, "quiet": 1})
+    assert restored.k is None and restored.update(True) == 4
+    with pytest.raises(ValueError):
+        AdaptiveBound(k_max=None)  # from unbounded it needs the bound to engage
+    with pytest.raises(ValueError):
+        AdaptiveBound(k_max=None, k_min=3, engage_k=2)
+
+
+def test_an_unbounded_gate_takes_a_bound_and_gives_it_up_again():
+    gate = AdmissionController(max_staleness=None, groups_per_step=2)
+    assert [gate.try_admit() for _ in range(14)] == list(range(14))  # unbounded: as many as asked for
+    gate.set_max_staleness(2)  # (2 + 0 + 1) x 2 = 6 may have started: 14 have, so none until it catches up
+    assert gate.try_admit() is None and gate.capacity() == 0
+    gate.set_max_staleness(None)
+    assert gate.capacity() is None and gate.try_admit() == 14
+    buf = plain_buffer(groups_per_step=2, max_staleness=None)
+    buf.set_max_staleness(1)
+    buf.add(make_group(0, version=0), learner_version=2, now=0.0)
+    assert [(d.index, d.reason) for d in buf.drain_drops()] == [(0, "stale")]
+    buf.set_max_staleness(None)
+    buf.add(make_group(1, version=0), learner_version=9, now=0.0)
+    assert buf.drain_drops() == []
 
 
 def test_a_lower_bound_in_the_buffer_drops_what_is_now_too_old():
@@ -89,17 +118,17 @@ def test_the_staleness_signals_read_the_stale_tokens_only():
 
 
 class RecordingAdmission(LocalAdmission):
-    def __init__(self, k: int):
+    def __init__(self, k: int | None):
         super().__init__(k, 4)
-        self.moves: list[int] = []
+        self.moves: list[int | None] = []
 
-    async def set_max_staleness(self, k: int) -> None:
+    async def set_max_staleness(self, k: int | None) -> None:
         self.moves.append(k)
         await super().set_max_staleness(k)
 
 
 class StubRuntime:
-    def __init__(self, k: int):
+    def __init__(self, k: int | None):
         self.admission = RecordingAdmission(k)
 
 
@@ -141,8 +170,30 @@ def test_the_bound_reacts_only_to_the_signals_it_is_given(tmp_path):
         load_config("configs/tiny/starpo_s_bandit.yaml", ["staleness.adaptive_signals=[kl]"])
 
 
+def test_the_loop_engages_a_bound_from_unbounded_on_the_stale_ess_and_lifts_it(tmp_path):
+    """The staleness controller: unbounded until the stale tokens' ESS falls below half, then the engage
+    bound in the buffer and at admission, halved by the next warning, lifted after quiet steps."""
+    cfg = load_config("configs/tiny/starpo_s_bandit.yaml", [
+        f"run_root={tmp_path}", "runtime=ray", "staleness.max_staleness=null", "staleness.adaptive=true",
+        "staleness.adaptive_engage_k=2", "staleness.adaptive_patience=2", "staleness.adaptive_min_k=1",
+        "staleness.adaptive_signals=[stale_ess]", "logging.console=false"])
+    runtime = StubRuntime(None)
+    trainer = Trainer(cfg, RunDir.create(cfg), MemorySink(), runtime)
+    assert trainer.buffer.max_staleness is None
+    bounds = []
+    for ess in (0.9, 0.9, 0.3, 0.3, 0.9, 0.9, 0.9, 0.9):
+        asyncio.run(trainer.adapt(stale_step(0.01, ess)))
+        bounds.append(trainer.buffer.max_staleness)
+    assert bounds == [None, None, 2, 1, 1, 2, 2, None]
+    assert runtime.admission.moves == [2, 1, 2, None] and runtime.admission.controller.max_staleness is None
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["staleness.max_staleness=0"], "needs staleness.max_staleness >= 1"),
+    (["staleness.max_staleness=null"], "needs staleness.adaptive_engage_k"),
+    (["staleness.max_staleness=4", "staleness.adaptive_engage_k=2"], "applies only with"),
+    (["staleness.max_staleness=null", "staleness.adaptive_engage_k=2", "staleness.adaptive_min_k=3"],
+     "adaptive_min_k (3) is above"),
     (["staleness.max_staleness=2", "staleness.fixed_lag=true"], "no fixed_lag"),
     (["staleness.max_staleness=2", "staleness.adaptive_min_k=3"], "adaptive_min_k (3) is above"),
 ])

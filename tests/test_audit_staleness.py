@@ -172,12 +172,18 @@ def test_adaptive_a_group_within_max_staleness_but_above_the_bound_in_force_is_c
     assert result.exit_code == 0, output
     assert "upper bound" in output and _json(output)["staleness"]["bound_unknown_steps"] == [1, 2, 3, 4]
 
-    # The last record of a step wins (a resumed run re-logs it); a NaN bound (unbounded) is no bound.
+    # The last record of a step wins (a resumed run re-logs it); a NaN bound is unbounded at that step.
     metrics = [{"learner/step": 1, "staleness/bound": 3.0}, {"learner/step": 1, "staleness/bound": 1.0},
                {"learner/step": 2, "staleness/bound": float("nan")}, {"learner/step": 3, "val/success": 1.0}]
-    assert bounds_from_metrics(metrics) == {1: 1}
+    assert bounds_from_metrics(metrics) == {1: 1, 2: None}
     partial = audit_staleness(records, 3, adaptive=True, bounds={1: 3, 2: 1})
     assert partial["violations"] == [] and partial["bound_unknown_steps"] == [3, 4]
+
+    # Adaptive from unbounded (max_staleness None): unbounded steps check nothing, bounded ones their bound.
+    from_unbounded = audit_staleness(records, None, adaptive=True, bounds={1: None, 2: None, 3: 1, 4: None})
+    assert from_unbounded["regime"] == "adaptive"
+    assert [(v["step"], v["bound"], v["rule"]) for v in from_unbounded["violations"]] == [(3, 1, "adaptive_bound")]
+    assert audit_staleness(records, None, adaptive=True, bounds={1: None, 2: None, 3: None, 4: None})["violations"] == []
 
 
 def test_a_simulated_adaptive_run_audits_clean_against_the_bound_it_logged(tmp_path):

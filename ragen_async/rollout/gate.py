@@ -59,7 +59,7 @@ class AdmissionGate:
         self.controller.set_published_version(version)
         self._wake()
 
-    async def set_max_staleness(self, k: int) -> None:
+    async def set_max_staleness(self, k: int | None) -> None:
         self.controller.set_max_staleness(k)
         self._wake()
 

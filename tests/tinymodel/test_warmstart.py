@@ -44,8 +44,9 @@ def test_episode_seeds_are_disjoint_from_validation_and_from_every_seed_rl_draws
 def test_the_warm_start_prompts_are_what_the_specimen_rollouts_send(name, config):
     cfg = load_config(REPO / "configs" / "tiny" / config)
     warm = WARM_STARTS[name]
-    assert cfg.model.path == str(default_out_dir(name))
-    assert warm_start_named_by(cfg.model.path) == name
+    assert cfg.model.path == "studies/specimen/warm_start" and cfg.model.sha256  # the pinned build, by default
+    assert build.read_build_info(REPO / cfg.model.path)["warm_start"] == name
+    assert warm_start_named_by(default_out_dir(name)) == name  # what `make specimen` rebuilds
     assert [e.tag for e in cfg.rollout.envs] == [warm.env_tag]
     assert (warm.max_turns, warm.max_actions_per_turn, warm.max_tokens_per_turn) == (
         cfg.agent.max_turns, cfg.agent.max_actions_per_turn, cfg.agent.max_tokens_per_turn)
