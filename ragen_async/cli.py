@@ -199,14 +199,14 @@ def audit(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> N
     k = s.max_staleness
     rule = {"unbounded": "unbounded (max_staleness: null)", "bounded": f"bounded by k = {k}",
             "fixed_lag": f"fixed lag: exactly min(k = {k}, learner version) old",
-            "adaptive": "adaptive: the bound in force at each step, from metrics.jsonl staleness/bound, "
+            "adaptive": "adaptive: the bound in force at each step, from metrics.jsonl staleness/max_staleness, "
                         + (f"at most k = {k}" if k is not None else "starting unbounded"),
             }[stale["regime"]]
     violations = stale["violations"]
     console.print(f"staleness ({rule}): {stale['groups']} consumed groups, max {stale['max']}; "
                   f"{len(violations) or 'no'} violation{'s' if len(violations) != 1 else ''}", highlight=False)
     if stale["bound_unknown_steps"]:
-        console.print(f"[yellow]note:[/] no staleness/bound in metrics.jsonl for {len(stale['bound_unknown_steps'])} "
+        console.print(f"[yellow]note:[/] no staleness/max_staleness in metrics.jsonl for {len(stale['bound_unknown_steps'])} "
                       f"step(s) {stale['bound_unknown_steps'][:20]}: their groups were checked against "
                       f"max_staleness = {k}, an upper bound only", highlight=False)
     print(json.dumps({**result, "staleness": {**stale, "violations": violations[:100],

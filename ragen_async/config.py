@@ -219,7 +219,7 @@ class StalenessConfig(_Strict):
     adaptive: bool = False
     """Let the bound move between adaptive_min_k and max_staleness (where it starts): halve it at a step
     where an early-warning signal fires (``collapse.EarlyWarning``), raise it by one after
-    adaptive_patience quiet steps (``staleness.AdaptiveBound``); logged as ``staleness/bound``. With
+    adaptive_patience quiet steps (``staleness.AdaptiveBound``); logged as ``staleness/max_staleness``. With
     max_staleness null it starts unbounded and a warning sets adaptive_engage_k."""
     adaptive_engage_k: int | None = Field(None, ge=0)
     """Adaptive from unbounded (max_staleness null): the bound the first warning sets; a quiet stretch that

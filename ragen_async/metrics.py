@@ -21,6 +21,16 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
+RENAMED = {"staleness/bound": "staleness/max_staleness"}
+"""Old metric names and their names now; readers of ``metrics.jsonl`` apply them (:func:`current_names`)."""
+
+
+def current_names(record: dict[str, Any]) -> dict[str, Any]:
+    """A ``metrics.jsonl`` record with its keys under their current names (a run logged before a rename)."""
+    if not RENAMED.keys() & record.keys():
+        return record
+    return {RENAMED.get(key, key): value for key, value in record.items()}
+
 
 def _clean(value: Any) -> Any:
     if hasattr(value, "item"):

@@ -282,10 +282,10 @@ class Trainer:
         record.update({f"warning/{s}": float(s in fired) for s in SIGNALS})
         fired &= set(self.cfg.staleness.adaptive_signals)
         if self.bound is not None and self.bound.update(bool(fired)) != self.buffer.max_staleness:
-            log.info("adaptive staleness: bound %s -> %s (warnings: %s)", self.buffer.max_staleness, self.bound.k,
+            log.info("adaptive staleness: bound %s -> %s (warnings: %s)", self.buffer.max_staleness, self.bound.max_staleness,
                      ", ".join(sorted(fired)) or f"none for {self.bound.patience} steps")
-            self.buffer.set_max_staleness(self.bound.k)
-            await self.runtime.admission.set_max_staleness(self.bound.k)
+            self.buffer.set_max_staleness(self.bound.max_staleness)
+            await self.runtime.admission.set_max_staleness(self.bound.max_staleness)
 
     def log_episodes(self, step: int, batch: Batch) -> None:
         """Every ``logging.episodes_every`` steps, a few of the batch's episodes as text."""
@@ -341,7 +341,7 @@ class Trainer:
             "learner/idle_frac": max(0.0, 1 - train_s / max(step_s, 1e-9)),
             "staleness/admission_wait_s": float(np.mean(wait)),
             "staleness/admission_refusals": float(admission["refusals"]),
-            "staleness/bound": math.nan if self.buffer.max_staleness is None else float(self.buffer.max_staleness),
+            "staleness/max_staleness": math.nan if self.buffer.max_staleness is None else float(self.buffer.max_staleness),
             "staleness/groups_outstanding": float(len(admission["outstanding"])),
             "transport/duplicate_groups": float(self.duplicates),
             "rollout/engine_versions_min": min(s["policy_version"] for s in stats),
@@ -442,8 +442,8 @@ class Trainer:
             self.duplicates = int(state["duplicate_groups"])
         if self.bound is not None and state.get("adaptive"):
             self.bound.restore(state["adaptive"])
-            self.buffer.set_max_staleness(self.bound.k)
-            await self.runtime.admission.set_max_staleness(self.bound.k)
+            self.buffer.set_max_staleness(self.bound.max_staleness)
+            await self.runtime.admission.set_max_staleness(self.bound.max_staleness)
         log.info("resumed from %s at step %d (policy version %d, %d groups to replay)", checkpoint,
                  self.start_step, self.version, len(state["admission"]["outstanding"]))
 

@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from ragen_async.metrics import current_names
 from ragen_async.protocol import AnyGroup, BatchShard
 
 
@@ -101,13 +102,15 @@ def audit(provenance: Sequence[dict], admission: dict, up_to_step: int) -> dict:
 
 
 def bounds_from_metrics(records: Iterable[dict]) -> dict[int, int | None]:
-    """The staleness bound in force at each learner step, from ``metrics.jsonl`` records: ``staleness/bound``
-    of the step's record (logged before the step's early warnings move it, so it is the bound the buffer
-    applied when that step's batch was taken); ``None`` where it was NaN (unbounded at that step). The last
-    record of a step wins (a resumed run logs it again); records without one (validation) are skipped."""
+    """The staleness bound in force at each learner step, from ``metrics.jsonl`` records:
+    ``staleness/max_staleness`` (``staleness/bound`` in older runs) of the step's record (logged before the
+    step's early warnings move it, so it is the bound the buffer applied when that step's batch was taken);
+    ``None`` where it was NaN (unbounded at that step). The last record of a step wins (a resumed run logs it
+    again); records without one (validation) are skipped."""
     out: dict[int, int | None] = {}
     for r in records:
-        bound, step = r.get("staleness/bound"), r.get("learner/step")
+        r = current_names(r)
+        bound, step = r.get("staleness/max_staleness"), r.get("learner/step")
         if step is None or bound is None:
             continue
         out[int(step)] = int(bound) if math.isfinite(float(bound)) else None

@@ -249,42 +249,44 @@ class AdmissionController:
 
 
 class AdaptiveBound:
-    """Adaptive staleness: the bound k halves (down to ``k_min``) at a step where an early-warning signal
-    fired, and grows by one (up to ``k_max``, where it starts) after ``patience`` quiet steps in a row.
+    """Adaptive staleness: the bound ``max_staleness`` halves (down to ``lowest``) at a step where an
+    early-warning signal fired, and grows by one (up to ``start``, where it starts) after ``patience`` quiet
+    steps in a row.
 
-    With ``k_max`` ``None`` it starts unbounded (``k`` is ``None``): the first warning sets the bound to
-    ``engage_k``, later ones halve it, and the quiet step that would raise it past ``engage_k`` lifts it
+    With ``start`` ``None`` it starts unbounded (``max_staleness`` is ``None``): the first warning sets the
+    bound to ``engage``, later ones halve it, and the quiet step that would raise it past ``engage`` lifts it
     (unbounded again). Pure and deterministic: the caller feeds one verdict per learner step."""
 
-    def __init__(self, k_max: int | None, k_min: int = 0, patience: int = 10, engage_k: int | None = None) -> None:
-        top = engage_k if k_max is None else k_max
-        if top is None or not 0 <= k_min <= top or patience < 1:
-            raise ValueError(f"need 0 <= k_min <= k_max (or engage_k when unbounded) and patience >= 1 "
-                             f"(got {k_min}, {k_max}, {engage_k}, {patience})")
-        self.k_max, self.k_min, self.patience, self.engage_k = k_max, k_min, patience, engage_k
-        self.k: int | None = k_max
+    def __init__(self, start: int | None, lowest: int = 0, patience: int = 10, engage: int | None = None) -> None:
+        top = engage if start is None else start
+        if top is None or not 0 <= lowest <= top or patience < 1:
+            raise ValueError(f"need 0 <= lowest <= start (or engage, when starting unbounded) and patience >= 1 "
+                             f"(got lowest {lowest}, start {start}, engage {engage}, patience {patience})")
+        self.start, self.lowest, self.patience, self.engage = start, lowest, patience, engage
+        self.max_staleness: int | None = start
         self.quiet = 0
 
     def update(self, warned: bool) -> int | None:
         """The bound for the next steps (``None``: unbounded), after a step with (``warned``) or without a
         warning."""
+        bound = self.max_staleness
         if warned:
-            self.k = max(self.k_min, self.engage_k if self.k is None else self.k // 2)
-            self.quiet = 0
-            return self.k
-        self.quiet += 1
-        if self.k is not None and self.quiet >= self.patience:
-            if self.k_max is None and self.k >= self.engage_k:
-                self.k, self.quiet = None, 0
-            elif self.k_max is None or self.k < self.k_max:
-                self.k, self.quiet = self.k + 1, 0
-        return self.k
+            self.max_staleness, self.quiet = max(self.lowest, self.engage if bound is None else bound // 2), 0
+        else:
+            self.quiet += 1
+            if bound is not None and self.quiet >= self.patience:
+                if self.start is None and bound >= self.engage:
+                    self.max_staleness, self.quiet = None, 0
+                elif self.start is None or bound < self.start:
+                    self.max_staleness, self.quiet = bound + 1, 0
+        return self.max_staleness
 
     def state(self) -> dict[str, int | None]:
-        return {"k": self.k, "quiet": self.quiet}
+        return {"max_staleness": self.max_staleness, "quiet": self.quiet}
 
     def restore(self, state: dict) -> None:
-        self.k = None if state["k"] is None else int(state["k"])
+        bound = state["max_staleness"] if "max_staleness" in state else state["k"]  # "k": older checkpoints
+        self.max_staleness = None if bound is None else int(bound)
         self.quiet = int(state["quiet"])
 
 

@@ -18,16 +18,16 @@ from tests.test_buffer import make_group, plain_buffer
 
 
 def test_the_bound_halves_on_a_warning_and_grows_back_after_quiet_steps():
-    bound = AdaptiveBound(k_max=8, k_min=1, patience=3)
+    bound = AdaptiveBound(start=8, lowest=1, patience=3)
     warnings = [True, False, True, True, False, False, False, False, False, False, False, False, True]
     ks = [bound.update(w) for w in warnings]
     # 8 -> 4 -> (quiet 1) -> 2 -> 1 -> quiet x3 -> 2 -> quiet x3 -> 3 -> quiet x2, then a warning -> 1
     assert ks == [4, 4, 2, 1, 1, 1, 2, 2, 2, 3, 3, 3, 1]
     restored = AdaptiveBound(8, 1, 3)
     restored.restore(bound.state())
-    assert (restored.k, restored.quiet) == (1, 0)
+    assert (restored.max_staleness, restored.quiet) == (1, 0)
     with pytest.raises(ValueError):
-        AdaptiveBound(k_max=2, k_min=3)
+        AdaptiveBound(start=2, lowest=3)
 
 
 def test_a_lower_bound_closes_admission_until_the_version_catches_up():
@@ -43,18 +43,18 @@ def test_a_lower_bound_closes_admission_until_the_version_catches_up():
 
 
 def test_the_bound_engages_from_unbounded_and_is_lifted_again_after_quiet_steps():
-    bound = AdaptiveBound(k_max=None, k_min=1, patience=2, engage_k=4)
-    assert bound.k is None
+    bound = AdaptiveBound(start=None, lowest=1, patience=2, engage=4)
+    assert bound.max_staleness is None
     warnings = [False, False, True, True, False, False, False, False, False, False, False, True]
     # unbounded until the first warning: -> 4, then halved -> 2; quiet x2 -> 3, x2 -> 4, x2 -> lifted; warning -> 4
     assert [bound.update(w) for w in warnings] == [None, None, 4, 2, 2, 3, 3, 4, 4, None, None, 4]
-    restored = AdaptiveBound(None, 1, 2, engage_k=4)
-    restored.restore({"k": None, "quiet": 1})
-    assert restored.k is None and restored.update(True) == 4
+    restored = AdaptiveBound(None, 1, 2, engage=4)
+    restored.restore({"k": None, "quiet": 1})  # an older checkpoint's name for the bound
+    assert restored.max_staleness is None and restored.update(True) == 4
     with pytest.raises(ValueError):
-        AdaptiveBound(k_max=None)  # from unbounded it needs the bound to engage
+        AdaptiveBound(start=None)  # from unbounded it needs the bound to engage
     with pytest.raises(ValueError):
-        AdaptiveBound(k_max=None, k_min=3, engage_k=2)
+        AdaptiveBound(start=None, lowest=3, engage=2)
 
 
 def test_an_unbounded_gate_takes_a_bound_and_gives_it_up_again():

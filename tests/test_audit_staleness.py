@@ -1,6 +1,6 @@
 """`ragen-async audit` checks staleness too: every consumed group's staleness (learner version - its oldest
 token's version) against the bound in force at its step (k, unbounded, exactly min(k, v) under fixed lag,
-or the adaptive bound logged as ``staleness/bound``), with a per-lag table. Provenance is built by hand."""
+or the adaptive bound logged as ``staleness/max_staleness``), with a per-lag table. Provenance is built by hand."""
 
 from __future__ import annotations
 
@@ -37,14 +37,14 @@ def _records(lags: list[list[int]]) -> list[dict]:
 
 def _run_dir(tmp_path, staleness: list[str], records: list[dict], bounds: list[float] | None = None) -> RunDir:
     """A run directory as a finished run leaves it: config.yaml, provenance.jsonl, a final checkpoint
-    with the admission state, and (``bounds``) a metrics.jsonl with ``staleness/bound`` per step."""
+    with the admission state, and (``bounds``) a metrics.jsonl with ``staleness/max_staleness`` per step."""
     cfg = load_config(None, ["runtime=ray", "validation.every=0", f"total_steps={len(records)}", "algo.filter_mode=none",
                              f"rollout.envs=[{{tag: Bandit, n_groups: {B}}}]", *staleness])
     rd = RunDir.create(cfg, tmp_path / "run")
     (rd.path / "provenance.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     if bounds is not None:
         lines = [{"learner/step": 0, "val/success": 0.5}]  # a validation record: no bound
-        lines += [{"learner/step": s, "policy_version": s, "staleness/bound": b} for s, b in enumerate(bounds, 1)]
+        lines += [{"learner/step": s, "policy_version": s, "staleness/max_staleness": b} for s, b in enumerate(bounds, 1)]
         rd.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     n = sum(len(r["groups"]) for r in records)
     step = len(records)
@@ -172,9 +172,10 @@ def test_adaptive_a_group_within_max_staleness_but_above_the_bound_in_force_is_c
     assert result.exit_code == 0, output
     assert "upper bound" in output and _json(output)["staleness"]["bound_unknown_steps"] == [1, 2, 3, 4]
 
-    # The last record of a step wins (a resumed run re-logs it); a NaN bound is unbounded at that step.
-    metrics = [{"learner/step": 1, "staleness/bound": 3.0}, {"learner/step": 1, "staleness/bound": 1.0},
-               {"learner/step": 2, "staleness/bound": float("nan")}, {"learner/step": 3, "val/success": 1.0}]
+    # The last record of a step wins (a resumed run re-logs it); a NaN bound is unbounded at that step; an older
+    # run's staleness/bound is read as staleness/max_staleness.
+    metrics = [{"learner/step": 1, "staleness/max_staleness": 3.0}, {"learner/step": 1, "staleness/bound": 1.0},
+               {"learner/step": 2, "staleness/max_staleness": float("nan")}, {"learner/step": 3, "val/success": 1.0}]
     assert bounds_from_metrics(metrics) == {1: 1, 2: None}
     partial = audit_staleness(records, 3, adaptive=True, bounds={1: 3, 2: 1})
     assert partial["violations"] == [] and partial["bound_unknown_steps"] == [3, 4]
@@ -188,7 +189,7 @@ def test_adaptive_a_group_within_max_staleness_but_above_the_bound_in_force_is_c
 
 def test_a_simulated_adaptive_run_audits_clean_against_the_bound_it_logged(tmp_path):
     """The real loop (test_loop's simulator, scripted warnings) under adaptive staleness: the bound logged
-    as ``staleness/bound`` at step s is the one its batch was taken under, so the audit passes, although
+    as ``staleness/max_staleness`` at step s is the one its batch was taken under, so the audit passes, although
     groups older than a later, lowered bound were consumed before it was lowered."""
     import asyncio
 

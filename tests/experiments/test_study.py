@@ -308,7 +308,7 @@ def test_an_adaptive_bound_is_its_own_arm_not_a_seed_of_the_fixed_bound(tmp_path
     adaptive, and stay out of the trend over bounded runs and out of the equal-time table (their k is not
     the bound they ran at)."""
     root = tmp_path / "runs"
-    bound = {step: {"staleness/bound": 8.0 if step < 10 else 4.0} for step in range(1, 21)}  # halved at step 10
+    bound = {step: {"staleness/bound": 8.0 if step < 10 else 4.0} for step in range(1, 21)}  # halved at step 10 (older runs logged the bound under this name)
     for seed in range(2):
         make_run(root / f"k0-s{seed}", k=0, seed=seed, extra={step: {"staleness/bound": 0.0} for step in bound})
         make_run(root / f"k8-s{seed}", k=8, seed=seed, extra={step: {"staleness/bound": 8.0} for step in bound})

@@ -26,7 +26,7 @@ CURVES = (
     ("valid_action_rate", "rollout valid-action rate", "rollout/valid_action_rate"),
     ("k3_mismatch", "behaviour/learner KL (k3)", "mismatch/k3_kl"),
     ("staleness_mean", "staleness, mean (versions)", "staleness/mean"),
-    ("staleness_bound", "staleness bound k (adaptive runs)", "staleness/bound"),
+    ("staleness_bound", "staleness bound max_staleness (adaptive runs)", "staleness/max_staleness"),
 )
 LOG_CURVES = frozenset({"grad_norm", "k3_mismatch"})
 """Curves drawn on a log scale when positive and spanning more than a factor of 50."""

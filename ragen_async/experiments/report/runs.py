@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from ragen_async.collapse import stale_tokens
 from ragen_async.config import EnvGroupSpec, RunConfig
+from ragen_async.metrics import current_names
 
 STEP = "learner/step"
 MISSING = "—"
@@ -77,7 +78,7 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
                             else f"skipped unreadable line {number} of {path.name}")
             continue
         if isinstance(record, dict):
-            records.append(record)
+            records.append(current_names(record))
     return records, warnings
 
 
