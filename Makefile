@@ -47,7 +47,7 @@ demo: model
 
 # The paper's StarPO-S on Bandit (configs/paper/shape_bandit.yaml: critic, bf16, k = 1, FSDP over gloo on 2 ranks,
 # vLLM on CPU, every weight sync verified) at Qwen2.5-0.5B's shape with random weights (built once, about 1 GB) and
-# 65,536 of its 151,936 embedding rows (the full vocabulary does not fit 24 GiB: ragen_async/experiments/paper_shape.py,
+# 65,536 of its 151,936 embedding rows (the full vocabulary does not fit 24 GiB: ragen_async/bench/paper_shape.py,
 # DEFAULT_VOCAB; --vocab 151936 on a larger machine): 2 learner steps, a checkpoint, --resume for a third; prints each
 # phase's time and each process's peak memory, exits non-zero when a check fails. <= 30 min on 2 cores and most of
 # the machine's memory: run it on a quiet machine, before submitting a change to the learner, weight sync or

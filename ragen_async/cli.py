@@ -151,42 +151,17 @@ def audit(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> N
     latest checkpoint) and check every consumed group's staleness against the bound in force at its step
     (config.yaml's staleness settings; the adaptive bound from metrics.jsonl); prints a per-lag table and
     exits 1 on any duplicate or unexplained index or staleness violation."""
-    import yaml
-    from pydantic import ValidationError
     from rich.markup import escape
     from rich.table import Table
 
-    from ragen_async.config import StalenessConfig
-    from ragen_async.provenance import audit as audit_run
-    from ragen_async.provenance import audit_staleness, bounds_from_metrics, read_provenance
-    from ragen_async.rundir import DRIVER_STATE, RunDir
+    from ragen_async.provenance import CannotAudit, audit_run_dir
 
-    rd = RunDir(run_dir)
-    checkpoint = rd.latest_checkpoint() if rd.checkpoints.is_dir() else None
-    if checkpoint is None or not (rd.path / "provenance.jsonl").is_file():
-        _fail(f"{run_dir} has no complete checkpoint and provenance.jsonl to audit")
-    if not rd.config_path.is_file():
-        _fail(f"{run_dir} has no config.yaml: the staleness bound to audit against is unknown")
     try:
-        s = StalenessConfig.model_validate((yaml.safe_load(rd.config_path.read_text()) or {}).get("staleness") or {})
-    except (yaml.YAMLError, ValidationError, AttributeError) as e:
-        _fail(f"{rd.config_path}: cannot read its staleness settings: {e}")
-    state = json.loads((checkpoint / DRIVER_STATE).read_text())
-    step = int(state["step"])
-    provenance = read_provenance(rd.path / "provenance.jsonl")
-    result = audit_run(provenance, state["admission"], step)
-    bounds = None
-    if s.adaptive and rd.metrics_path.is_file():
-        records = []
-        for line in rd.metrics_path.read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut short by a kill
-                continue
-        bounds = bounds_from_metrics(records)
-    stale = audit_staleness(provenance, s.max_staleness, fixed_lag=s.fixed_lag, adaptive=s.adaptive,
-                            bounds=bounds, up_to_step=step)
-    console.print(f"{run_dir} up to step {state['step']} ({checkpoint.name}): {result['admitted']} admitted = "
+        a = audit_run_dir(run_dir)
+    except CannotAudit as e:
+        _fail(str(e))
+    result, stale = a.accounting, a.staleness
+    console.print(f"{run_dir} up to step {a.step} ({a.checkpoint}): {result['admitted']} admitted = "
                   f"{result['consumed']} consumed + {result['dropped']} dropped + {result['outstanding']} "
                   f"outstanding; drops by reason: {result['drop_reasons'] or 'none'}")
     table = Table(title="staleness of consumed groups (learner version - oldest token's version)",
@@ -196,39 +171,21 @@ def audit(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> N
     for row in stale["lags"]:
         table.add_row(str(row["lag"]), str(row["groups"]), f"{row['share']:.1%}")
     console.print(table)
-    k = s.max_staleness
-    rule = {"unbounded": "unbounded (max_staleness: null)", "bounded": f"bounded by k = {k}",
-            "fixed_lag": f"fixed lag: exactly min(k = {k}, learner version) old",
-            "adaptive": "adaptive: the bound in force at each step, from metrics.jsonl staleness/max_staleness, "
-                        + (f"at most k = {k}" if k is not None else "starting unbounded"),
-            }[stale["regime"]]
     violations = stale["violations"]
-    console.print(f"staleness ({rule}): {stale['groups']} consumed groups, max {stale['max']}; "
+    console.print(f"staleness ({a.rule}): {stale['groups']} consumed groups, max {stale['max']}; "
                   f"{len(violations) or 'no'} violation{'s' if len(violations) != 1 else ''}", highlight=False)
     if stale["bound_unknown_steps"]:
-        console.print(f"[yellow]note:[/] no staleness/max_staleness in metrics.jsonl for {len(stale['bound_unknown_steps'])} "
-                      f"step(s) {stale['bound_unknown_steps'][:20]}: their groups were checked against "
-                      f"max_staleness = {k}, an upper bound only", highlight=False)
+        console.print(f"[yellow]note:[/] no staleness/max_staleness in metrics.jsonl for "
+                      f"{len(stale['bound_unknown_steps'])} step(s) {stale['bound_unknown_steps'][:20]}: their groups "
+                      f"were checked against max_staleness = {stale['max_staleness']}, an upper bound only",
+                      highlight=False)
     print(json.dumps({**result, "staleness": {**stale, "violations": violations[:100],
                                                "violation_count": len(violations)}}), flush=True)
-    failed = False
-    if result["duplicates"] or result["unexplained"]:
-        console.print(f"[bold red]error:[/] duplicates {result['duplicates'][:20]}, "
-                      f"unexplained {result['unexplained'][:20]}")
-        failed = True
-    for v in violations[:20]:
-        where = f"step {v['step']} group {v['group_id']} (index {v['index']}, learner version {v['learner_version']})"
-        if v["rule"] == "fixed_lag":
-            what = (f"oldest token {v['staleness']}, newest {v['newest_staleness']} versions old, "
-                    f"not exactly {v['bound']}")
-        elif v["rule"] == "future_version":
-            what = f"a token {-min(v['staleness'], v['newest_staleness'])} version(s) newer than the learner"
-        else:
-            what = f"staleness {v['staleness']} > {v['bound']}"
-        console.print(f"[bold red]error:[/] {escape(where)}: {what} ({v['rule']})", highlight=False)
-    if len(violations) > 20:
-        console.print(f"[bold red]error:[/] ... and {len(violations) - 20} more staleness violations")
-    if failed or violations:
+    for line in a.errors[:21]:
+        console.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
+    if len(a.errors) > 21:
+        console.print(f"[bold red]error:[/] ... and {len(a.errors) - 21} more")
+    if a.failed:
         raise typer.Exit(1)
 
 
@@ -323,7 +280,7 @@ def bench_pipeline_cmd(
 ) -> None:
     """Throughput vs staleness k under runtime: ray, pinned (disjoint CPU sets), unpinned or as configured."""
     _setup_logging()
-    from ragen_async.experiments.bench import bench_pipeline, parse_k, parse_mode
+    from ragen_async.bench.pipeline import bench_pipeline, parse_k, parse_mode
 
     try:
         ks = [parse_k(x) for x in k] if k else [0, 1, 2, 4]
@@ -346,7 +303,7 @@ def _cpu_list(cpus: tuple[int, ...]) -> str:
 def _print_bench(title: str, command: str, note: str, table: str, out: Path | None) -> None:
     """Print a benchmark's tables under the machine, the command and a note, and (``out``) append them
     to a markdown file under a dated heading."""
-    from ragen_async.experiments.bench import machine_description
+    from ragen_async.bench.pipeline import machine_description
 
     text = f"machine: {machine_description()}\ncommand: `{command}`\n{note}\n\n{table}\n"
     print(text)
@@ -366,7 +323,7 @@ def bench_transport_cmd(
     out: Annotated[Path | None, typer.Option(help="append the table to this markdown file")] = None,
 ) -> None:
     """Codec + ZeroMQ on loopback vs a raw send_multipart of the same bytes, two group sizes."""
-    from ragen_async.experiments.components import HOPS, PAPER, SOKOBAN, bench_transport, format_transport
+    from ragen_async.bench.components import HOPS, PAPER, SOKOBAN, bench_transport, format_transport
 
     if groups < 10 or repeats < 1:
         raise typer.BadParameter("--groups must be >= 10 and --repeats >= 1")
@@ -392,7 +349,7 @@ def bench_weights_cmd(
     out: Annotated[Path | None, typer.Option(help="append the table to this markdown file")] = None,
 ) -> None:
     """The gloo weight-sync path (publish + receive) vs a raw broadcast of the same bytes, one receiver."""
-    from ragen_async.experiments.components import (
+    from ragen_async.bench.components import (
         bench_weights_one,
         format_weights,
         learner_layout,
@@ -434,7 +391,7 @@ def bench_learner_cmd(
 ) -> None:
     """One learner rank's StarPO-S step at paper scale: tokens/s, peak memory and MFU, with and without
     activation checkpointing, per compute dtype (fp32 master weights in every setting)."""
-    from ragen_async.experiments.learner_bench import bench_learner, format_table, rows_json
+    from ragen_async.bench.learner import bench_learner, format_table, rows_json
 
     settings = checkpointing or ["off", "on"]
     if bad := [c for c in settings if c not in ("off", "on")]:
@@ -485,13 +442,13 @@ def bench_cluster_cmd(
     """The real driver loop, Ray runtime, admission gate actor, buffer and ZeroMQ transport with N simulated rollout
     actors (engine profile measured on vLLM) and a stand-in learner: groups/s vs N and where it stops scaling, and
     the gate's admissions/s, call latency and CPU."""
-    from ragen_async.experiments.simcluster import bench_cluster, format_cluster
-    from ragen_async.experiments.simprofile import load_profile
+    from ragen_async.bench.simcluster import bench_cluster, format_cluster
+    from ragen_async.bench.simprofile import load_profile
 
     ns = n or [2, 8, 32, 128]
     if min(ns) < 1 or steps < 1 or warmup < 1:
         raise typer.BadParameter("--n, --steps and --warmup must be >= 1")
-    from ragen_async.experiments.simcluster import ADMISSIONS
+    from ragen_async.bench.simcluster import ADMISSIONS
 
     modes = tuple(admission or ["wait"])
     if not set(modes) <= set(ADMISSIONS):
@@ -499,7 +456,7 @@ def bench_cluster_cmd(
     if engine_speed <= 0:
         raise typer.BadParameter(f"--engine-speed must be > 0, not {engine_speed}")
     if not profile.is_file():
-        raise typer.BadParameter(f"{profile} does not exist (python -m ragen_async.experiments.simprofile OUT)")
+        raise typer.BadParameter(f"{profile} does not exist (python -m ragen_async.bench.simprofile OUT)")
     summary = load_profile(profile).summary()
     rows = bench_cluster(ns, steps, warmup, groups_per_actor=groups_per_actor, concurrent_groups=concurrent_groups,
                          max_staleness=k, learner_step_s=learner_step_s, actors_per_rank=actors_per_rank,
@@ -526,7 +483,7 @@ def bench_step_cmd(
 ) -> None:
     """Where one learner step's time goes (local runtime), and the rollout's rate vs the raw engine's."""
     _setup_logging()
-    from ragen_async.experiments.step_profile import format_profile, profile_steps
+    from ragen_async.bench.step_profile import format_profile, profile_steps
 
     cfg = _load(config, overrides)
     cmd = "ragen-async bench step " + " ".join([str(config), *(overrides or [])])
@@ -545,7 +502,7 @@ def bench_rllib_cmd(
         help="write the cells (measured lag, final success and interval) here, for `report --reference`")] = None,
 ) -> None:
     """Classic reference: RLlib APPO with a small MLP on one-hot Sokoban, per staleness k."""
-    from ragen_async.experiments.rllib_ref import (
+    from ragen_async.study.rllib_ref import (
         EVAL_EPISODES,
         EVAL_SEED,
         bench_rllib,
@@ -567,7 +524,7 @@ def bench_rllib_cmd(
     results = bench_rllib(ks, seeds, budget_s, on_run=progress)
     cmd = "ragen-async bench rllib " + " ".join(f"--k {x}" for x in ks) + f" --seeds {seeds} --budget-s {budget_s:g}"
     note = (f"APPO (RLlib new API stack, torch, CPU), one EnvRunner, MLP 64x64 on the one-hot 6x6 grid; "
-            f"k -> broadcast_interval = k + 1 (ragen_async/experiments/rllib_ref.py says how, and what it does not "
+            f"k -> broadcast_interval = k + 1 (ragen_async/study/rllib_ref.py says how, and what it does not "
             f"bound); success over seeds {EVAL_SEED}..{EVAL_SEED + EVAL_EPISODES - 1}, one episode each; "
             f"mean ± 95 % t-interval over seeds (none with one seed); lag measured per trained timestep")
     table = cells(results)
@@ -591,8 +548,8 @@ def sweep(
     _setup_logging(verbose)
     from rich.console import Console
 
-    from ragen_async.experiments.sweep import SweepError, run_sweep
     from ragen_async.orchestrator import Interrupted
+    from ragen_async.study.sweep import SweepError, run_sweep
 
     try:
         result = run_sweep(spec, resume=resume, out=out, overrides=overrides or [], dry_run=dry_run,
@@ -640,8 +597,8 @@ def report(
         "table (minutes per budget, success at equal wall-clock)")] = None,
 ) -> None:
     """Write report.md, summary.csv and staleness/stability plots for runs or sweeps."""
-    from ragen_async.experiments.bench import parse_k
-    from ragen_async.experiments.report import ReportError, write_report
+    from ragen_async.bench.pipeline import parse_k
+    from ragen_async.study.report import ReportError, write_report
 
     def name(text: str) -> str:
         if not text.strip():
@@ -680,7 +637,7 @@ def watch(
 ) -> None:
     """A run's key curves in the terminal (validation success, reward, reward std, entropy, grad norm,
     staleness, throughput, collapse alert), redrawn until Ctrl-C."""
-    from ragen_async.experiments.watch import watch as watch_run
+    from ragen_async.study.watch import watch as watch_run
 
     if not run_dir.is_dir():
         _fail(f"{run_dir} is not a directory (expected a run directory with metrics.jsonl)")
@@ -690,13 +647,12 @@ def watch(
 @app.command("config")
 def config_cmd(
     args: Annotated[list[str] | None, typer.Argument(
-        metavar="[CONFIG] [OVERRIDES]... [KEY]",
-        help="YAML config (*.yaml, *.yml or an existing file; defaults if omitted), dotted overrides "
-             "(key=value), and with --explain the KEY to describe: a section (algo) or a field "
-             "(algo.clip_eps_high); every field if omitted")] = None,
-    explain: Annotated[bool, typer.Option(
-        "--explain", help="describe the fields (type, default, the value in CONFIG if given, description) "
-                          "instead of printing the config")] = False,
+        metavar="[CONFIG] [OVERRIDES]...",
+        help="YAML config (defaults if omitted), then dotted overrides (key=value)")] = None,
+    explain: Annotated[str | None, typer.Option(
+        "--explain", metavar="KEY",
+        help="describe the fields under KEY instead of printing the config: a section (algo), a field "
+             "(algo.clip_eps_high) or all; type, default, the value in CONFIG if given, description")] = None,
 ) -> None:
     """Print the resolved config (CONFIG + overrides, or the defaults) as YAML, or with --explain what its
     fields mean."""
@@ -706,24 +662,19 @@ def config_cmd(
     from ragen_async.config import ConfigError, dump_config, load_config
     from ragen_async.config import explain as explain_fields
 
-    config, overrides, keys = None, [], []
-    for i, arg in enumerate(args or []):
-        if "=" in arg:
-            overrides.append(arg)
-        elif i == 0 and (Path(arg).suffix in (".yaml", ".yml") or Path(arg).is_file() or not explain):
-            config = Path(arg)
-        else:
-            keys.append(arg)
-    if keys and not explain:
-        _fail(f"{keys[0]!r} is not an override (key=value); to describe a config key, add --explain")
-    if len(keys) > 1:
-        _fail(f"--explain describes one KEY, got {len(keys)}: {' '.join(keys)}")
+    args = list(args or [])
+    config = Path(args.pop(0)) if args and "=" not in args[0] else None
+    overrides = args
+    bad = [a for a in overrides if "=" not in a]
+    if bad:
+        _fail(f"{bad[0]!r} is not an override (key=value); to describe a config key: --explain {bad[0]}")
+    keys = [] if explain in (None, "all") else [explain]
     try:
-        cfg = load_config(config, overrides) if config is not None or overrides or not explain else None
-        docs = explain_fields(keys[0] if keys else None, cfg) if explain else []
+        cfg = load_config(config, overrides) if config is not None or overrides or explain is None else None
+        docs = explain_fields(keys[0] if keys else None, cfg) if explain is not None else []
     except ConfigError as e:
         _fail(str(e))
-    if not explain:
+    if explain is None:
         print(dump_config(cfg), end="")
         return
     # Off a terminal (a pipe, a file) the table is not squeezed into 80 columns.

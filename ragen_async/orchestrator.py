@@ -12,8 +12,10 @@ The runtime (``runtime.py``: local, in one process; ``ray_runtime.py``: Ray acto
 gloo/NCCL) is the only thing that differs between ``runtime: local`` and ``runtime: ray``.
 Validation, checkpoints, the time budget, resume and the weight-sync probe exist here, once.
 
-A checkpoint holds the learner side (``runtime.save``) plus ``driver_state.json`` (step, version,
-admission state); ``--resume`` continues exactly from it: outstanding groups are replayed under their
+A checkpoint holds the learner side (``runtime.save``; on Ray also ``runtime_state.json``, the runtime's
+counters) plus ``driver_state.json`` (:meth:`Trainer.save`: step, version, weight syncs, admission state, the
+early-warning signals, the adaptive bound, the time budget spent, the collapse watch, refused duplicates;
+docs/architecture.md lists every key); ``--resume`` continues exactly from it: outstanding groups are replayed under their
 own index and seed, and metrics/provenance records past the checkpoint are rewound. A run that fails
 outside the learner's own work (a dead rollout actor or engine, a failed weight sync, validation) first
 saves its last completed learner step (:meth:`Trainer.save_on_failure`), so it ends resumable.
@@ -29,6 +31,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +58,31 @@ log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 """Signals that end a run gracefully: the current step finishes, a checkpoint is written, the run stops
 (SLURM's time-limit warning, a preemption notice, ``scancel --signal``)."""
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one pass of the loop saw, for its ``metrics.jsonl`` record (:meth:`Trainer.record`)."""
+
+    step: int
+    """The learner steps done, this one included."""
+    batch: Batch
+    learner: dict[str, float]
+    """The learner's merged metrics (``TrainResult.metrics``)."""
+    sync: dict[str, float]
+    """The weight sync's metrics (:meth:`Trainer.publish`)."""
+    rollout_before: list[dict[str, float]]
+    """Per producer, cumulative (``Runtime.rollout_stats``), at the previous step's end ..."""
+    rollout_after: list[dict[str, float]]
+    """... and at this step's end."""
+    admission: dict[str, Any]
+    """The admission gate's state at the step's end."""
+    wait_s: float
+    """Waiting for the batch."""
+    train_s: float
+    step_s: float
+    budget_s: float
+    """Training time spent so far (``TrainingBudget.spent_s``)."""
 
 
 class Interrupted(Exception):
@@ -222,8 +250,10 @@ class Trainer:
             sync = await self.publish(open_admission=not hold)
             stats = await rt.rollout_stats()
             step_s = time.perf_counter() - t_step
-            record = self.record(step + 1, batch, result.metrics, sync, prev_stats, stats, wait_s, train_s,
-                                 step_s, budget.spent_s, await rt.admission.state())
+            record = self.record(StepOutcome(
+                step=step + 1, batch=batch, learner=result.metrics, sync=sync, rollout_before=prev_stats,
+                rollout_after=stats, admission=await rt.admission.state(), wait_s=wait_s, train_s=train_s,
+                step_s=step_s, budget_s=budget.spent_s))
             await self.adapt(record)
             self.sink.log(record)
             self.log_episodes(step + 1, batch)
@@ -329,14 +359,16 @@ class Trainer:
                                                                 dtype=self.cfg.model.dtype)
         return out
 
-    def record(self, step, batch: Batch, learner_metrics, sync, prev_stats, stats, wait_s, train_s, step_s,
-               budget_s, admission) -> dict[str, Any]:
-        busy = [c["busy_s"] - p["busy_s"] for p, c in zip(prev_stats, stats, strict=True)]
-        wait = [c["admission_wait_s"] - p["admission_wait_s"] for p, c in zip(prev_stats, stats, strict=True)]
-        n_tokens = sum(t.num_tokens for g in batch.groups for t in g.trajectories)
+    def record(self, o: StepOutcome) -> dict[str, Any]:
+        """The step's ``metrics.jsonl`` record."""
+        pairs = list(zip(o.rollout_before, o.rollout_after, strict=True))
+        busy = [c["busy_s"] - p["busy_s"] for p, c in pairs]
+        wait = [c["admission_wait_s"] - p["admission_wait_s"] for p, c in pairs]
+        n_tokens = sum(t.num_tokens for g in o.batch.groups for t in g.trajectories)
+        step_s, train_s, learner_metrics, admission = o.step_s, o.train_s, o.learner, o.admission
         return {
-            "learner/step": step, "policy_version": self.version,
-            **batch.metrics, **rollout_metrics(batch.groups), **learner_metrics, **sync,
+            "learner/step": o.step, "policy_version": self.version,
+            **o.batch.metrics, **rollout_metrics(o.batch.groups), **learner_metrics, **o.sync,
             "rollout/idle_frac": float(np.mean([min(1.0, max(0.0, 1 - b / max(step_s, 1e-9))) for b in busy])),
             "learner/idle_frac": max(0.0, 1 - train_s / max(step_s, 1e-9)),
             "staleness/admission_wait_s": float(np.mean(wait)),
@@ -344,11 +376,11 @@ class Trainer:
             "staleness/max_staleness": math.nan if self.buffer.max_staleness is None else float(self.buffer.max_staleness),
             "staleness/groups_outstanding": float(len(admission["outstanding"])),
             "transport/duplicate_groups": float(self.duplicates),
-            "rollout/engine_versions_min": min(s["policy_version"] for s in stats),
-            "timing/step_s": step_s, "timing/wait_batch_s": wait_s, "timing/train_s": train_s,
-            "timing/budget_spent_s": budget_s,
+            "rollout/engine_versions_min": min(s["policy_version"] for s in o.rollout_after),
+            "timing/step_s": step_s, "timing/wait_batch_s": o.wait_s, "timing/train_s": train_s,
+            "timing/budget_spent_s": o.budget_s,
             "throughput/tokens_per_s": n_tokens / max(step_s, 1e-9),
-            "throughput/groups_per_s": len(batch.groups) / max(step_s, 1e-9),
+            "throughput/groups_per_s": len(o.batch.groups) / max(step_s, 1e-9),
             "throughput/learner_tokens_per_s": learner_metrics.get("learner/num_tokens", 0.0) / max(train_s, 1e-9),
         }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ragen_async.metrics import current_names
@@ -182,3 +183,88 @@ def audit_staleness(provenance: Sequence[dict], max_staleness: int | None, *, fi
         "violations": violations,
         "bound_unknown_steps": sorted(unknown),
     }
+
+
+class CannotAudit(Exception):
+    """The run directory lacks what an audit needs (a complete checkpoint, provenance, readable settings)."""
+
+
+@dataclass(frozen=True)
+class RunAudit:
+    """:func:`audit_run_dir`'s verdict on one run directory, up to its latest checkpoint."""
+
+    checkpoint: str
+    step: int
+    accounting: dict
+    """:func:`audit`'s result."""
+    staleness: dict
+    """:func:`audit_staleness`'s result."""
+    rule: str
+    """The staleness rule checked, in words."""
+    errors: list[str]
+    """One line per duplicate/unexplained finding and per staleness violation."""
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.errors)
+
+
+def _rule(regime: str, k: int | None) -> str:
+    return {"unbounded": "unbounded (max_staleness: null)", "bounded": f"bounded by k = {k}",
+            "fixed_lag": f"fixed lag: exactly min(k = {k}, learner version) old",
+            "adaptive": "adaptive: the bound in force at each step, from metrics.jsonl staleness/max_staleness, "
+                        + (f"at most k = {k}" if k is not None else "starting unbounded")}[regime]
+
+
+def _violation_line(v: dict) -> str:
+    where = f"step {v['step']} group {v['group_id']} (index {v['index']}, learner version {v['learner_version']})"
+    if v["rule"] == "fixed_lag":
+        what = f"oldest token {v['staleness']}, newest {v['newest_staleness']} versions old, not exactly {v['bound']}"
+    elif v["rule"] == "future_version":
+        what = f"a token {-min(v['staleness'], v['newest_staleness'])} version(s) newer than the learner"
+    else:
+        what = f"staleness {v['staleness']} > {v['bound']}"
+    return f"{where}: {what} ({v['rule']})"
+
+
+def audit_run_dir(path: Path) -> RunAudit:
+    """Audit a run directory up to its latest checkpoint: its accounting (:func:`audit`, against the
+    checkpoint's admission state) and every consumed group's staleness against the bound in force at its
+    step (:func:`audit_staleness`: the settings of its ``config.yaml``, the adaptive bound from its
+    ``metrics.jsonl``). Raises :class:`CannotAudit` when the directory lacks what that needs."""
+    import yaml
+    from pydantic import ValidationError
+
+    from ragen_async.config import StalenessConfig
+    from ragen_async.rundir import DRIVER_STATE, RunDir
+
+    rd = RunDir(path)
+    checkpoint = rd.latest_checkpoint() if rd.checkpoints.is_dir() else None
+    if checkpoint is None or not (rd.path / "provenance.jsonl").is_file():
+        raise CannotAudit(f"{path} has no complete checkpoint and provenance.jsonl to audit")
+    if not rd.config_path.is_file():
+        raise CannotAudit(f"{path} has no config.yaml: the staleness bound to audit against is unknown")
+    try:
+        s = StalenessConfig.model_validate((yaml.safe_load(rd.config_path.read_text()) or {}).get("staleness") or {})
+    except (yaml.YAMLError, ValidationError, AttributeError) as e:
+        raise CannotAudit(f"{rd.config_path}: cannot read its staleness settings: {e}") from e
+    state = json.loads((checkpoint / DRIVER_STATE).read_text())
+    step = int(state["step"])
+    provenance = read_provenance(rd.path / "provenance.jsonl")
+    accounting = audit(provenance, state["admission"], step)
+    bounds = None
+    if s.adaptive and rd.metrics_path.is_file():
+        records = []
+        for line in rd.metrics_path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut short by a kill
+                continue
+        bounds = bounds_from_metrics(records)
+    stale = audit_staleness(provenance, s.max_staleness, fixed_lag=s.fixed_lag, adaptive=s.adaptive,
+                            bounds=bounds, up_to_step=step)
+    errors = []
+    if accounting["duplicates"] or accounting["unexplained"]:
+        errors.append(f"duplicates {accounting['duplicates'][:20]}, unexplained {accounting['unexplained'][:20]}")
+    errors += [_violation_line(v) for v in stale["violations"]]
+    return RunAudit(checkpoint.name, step, accounting, stale, _rule(stale["regime"], s.max_staleness), errors)

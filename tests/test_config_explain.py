@@ -83,7 +83,7 @@ def test_cli_config_explain():
     assert AlgoConfig.model_fields["clip_eps_high"].description in result.output
 
     result = runner.invoke(app, ["config", "configs/tiny/starpo_s_bandit.yaml", "algo.clip_eps_high=0.3",
-                                 "algo.clip_eps_high", "--explain"])
+                                 "--explain", "algo.clip_eps_high"])
     assert result.exit_code == 0 and "(value: 0.3)" in result.output, result.output
 
     result = runner.invoke(app, ["config", "--explain", "algo"])
@@ -99,4 +99,9 @@ def test_cli_config_prints_the_resolved_yaml():
     assert result.exit_code == 0, result.output
     assert "total_steps: 3" in result.output
     result = CliRunner().invoke(app, ["config", "configs/tiny/starpo_s_bandit.yaml", "algo"])
-    assert result.exit_code == 2 and "add --explain" in result.output, result.output
+    assert result.exit_code == 2 and "--explain algo" in result.output, result.output
+    # The first argument without "=" is the config, whatever its name; every other one must be key=value.
+    result = CliRunner().invoke(app, ["config", "algo"])
+    assert result.exit_code == 2 and "algo" in result.output and "Traceback" not in result.output, result.output
+    result = CliRunner().invoke(app, ["config", "--explain", "all"])
+    assert result.exit_code == 0 and "algo.dual_clip_c" in result.output and "model.path" in result.output

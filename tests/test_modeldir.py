@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from ragen_async.cli import app
 from ragen_async.config import ConfigError, load_config
-from ragen_async.experiments.sweep import SweepError, run_sweep
 from ragen_async.modeldir import model_problem, weights_sha256
+from ragen_async.study.sweep import SweepError, run_sweep
 
 WARM_START = Path("studies/specimen/warm_start")
 
@@ -25,7 +25,7 @@ def test_the_study_starts_from_the_weights_it_pins_and_they_are_in_the_repositor
     assert json.loads((WARM_START / "build_info.json").read_text())["weights_sha256"] == cfg.model.sha256
     assert model_problem(cfg.model.path, cfg.model.sha256) is None
     # every run of every study sweep inherits the pin
-    from ragen_async.experiments.sweep import SweepSpec, plan_sweep
+    from ragen_async.study.sweep import SweepSpec, plan_sweep
 
     for spec in sorted(Path("configs/sweeps").glob("study_*.yaml")):
         runs = plan_sweep(SweepSpec.load(spec)).runs

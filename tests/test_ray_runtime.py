@@ -372,7 +372,7 @@ def test_a_staleness_sweep_trains_for_real_on_ray_and_makes_room_for_a_run_that_
     import yaml
     from rich.console import Console
 
-    from ragen_async.experiments.sweep import run_sweep
+    from ragen_async.study.sweep import run_sweep
 
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({

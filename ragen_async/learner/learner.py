@@ -67,6 +67,24 @@ GATHER_BUCKET_BYTES = 256 * 2**20
 """Default bound on the full parameters one FSDP gather holds at once (:meth:`Learner.full_weight_buckets`)."""
 
 @dataclass(frozen=True)
+class UpdateTargets:
+    """What one learner step's update trains toward, per token of the shard, fixed across its optimizer
+    steps (rows and columns as in the shard's :class:`TokenBatch`)."""
+
+    old_logprobs: torch.Tensor
+    """The proximal policy's log-probs (PPO's ratio denominator); with ``fill_old`` written by the update's own
+    first forward instead of read."""
+    advantages: torch.Tensor
+    old_values: torch.Tensor | None = None
+    """The critic's values before the update (GAE); ``None`` without a critic."""
+    returns: torch.Tensor | None = None
+    """The critic's targets; ``None`` without a critic."""
+    ref_logprobs: torch.Tensor | None = None
+    """The reference policy's log-probs (KL penalty); ``None`` without one."""
+    fill_old: bool = False
+
+
+@dataclass(frozen=True)
 class TrainResult:
     """What one learner step returns: the new policy version, apart from the step's metrics."""
 
@@ -332,13 +350,14 @@ class Learner:
             on_device["critic/vf_explained_var"] = torch.where(
                 algo.masked_var(returns, batch.loss_mask) > 1e-8, explained, torch.full_like(explained, math.nan))
 
+        targets = UpdateTargets(old_logprobs, advantages, old_values, returns, recomputed.get("ref_logprobs"),
+                                fill_old=single_pass)
         sums: dict[str, torch.Tensor | float] = defaultdict(float)
         n_steps = 0
         t3 = time.perf_counter()
         for _epoch in range(lc.epochs):
             for mini in split_even(batch.size, n_mini):
-                step_metrics = self._optimizer_step(batch, mini, old_logprobs, old_values, advantages,
-                                                    returns, recomputed.get("ref_logprobs"), fill_old=single_pass)
+                step_metrics = self._optimizer_step(batch, mini, targets)
                 for k, v in step_metrics.items():
                     sums[k] += v
                 n_steps += 1
@@ -361,11 +380,11 @@ class Learner:
         self.policy_version += 1
         return TrainResult(self.policy_version, metrics)
 
-    def _optimizer_step(self, batch, mini, old_logprobs, old_values, advantages, returns, ref_logprobs,
-                        fill_old: bool = False):
-        """One optimizer step on mini-batch ``mini``; with ``fill_old``, ``old_logprobs`` is written here
-        from this step's own (pre-update) forward instead of read."""
-        a = self.algo_cfg
+    def _optimizer_step(self, batch: TokenBatch, mini: slice, targets: UpdateTargets) -> dict[str, torch.Tensor | float]:
+        """One optimizer step on mini-batch ``mini`` of ``batch`` toward ``targets`` (with ``targets.fill_old``
+        the old log-probs are written here from this step's own pre-update forward instead of read)."""
+        a, t = self.algo_cfg, targets
+        old_logprobs, advantages, ref_logprobs = t.old_logprobs, t.advantages, t.ref_logprobs
         mb_all = batch.select(mini)
         idx = np.arange(batch.size)[mini]
         local_tokens = float(mb_all.num_trained)
@@ -394,7 +413,7 @@ class Learner:
             zero = 0.0 if empty else 1.0
             with self._no_sync(self.actor_ddp, last):
                 logprobs, entropy = self._policy_forward(self.actor_ddp, mb, with_entropy=True)
-                if fill_old and not empty:
+                if t.fill_old and not empty:
                     old_logprobs[rows, :T] = logprobs.detach()
                 pg_inputs = algo.PolicyLossInputs(
                     logprobs=logprobs, old_logprobs=old_logprobs[rows, :T], advantages=advantages[rows, :T],
@@ -413,7 +432,7 @@ class Learner:
             if self.critic_ddp is not None:
                 with self._no_sync(self.critic_ddp, last):
                     values = self._value_forward(self.critic_ddp, mb)
-                    vloss, vm = algo.value_loss(values, old_values[rows, :T], returns[rows, :T], mb.loss_mask * zero,
+                    vloss, vm = algo.value_loss(values, t.old_values[rows, :T], t.returns[rows, :T], mb.loss_mask * zero,
                                                 clip_range_value=a.clip_range_value, loss_agg_mode=a.loss_agg_mode,
                                                 num_tokens=global_tokens, num_seqs=global_seqs)
                     (vloss * scale).backward()

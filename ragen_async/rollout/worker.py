@@ -187,8 +187,8 @@ async def evaluate(policy: ReplyPolicy, chat: ChatFormat, envs: Sequence[EnvGrou
 async def validate_engine(cfg: RunConfig, engine: InferenceEngine, chat: ChatFormat) -> dict[str, float]:
     """Validation: one episode on each fixed seed of the validation envs, at validation temperature.
 
-    ``val/policy_version`` is the version the engine held, the policy validated: under a fixed lag k the
-    engines run version v - k while the learner holds v.
+    ``val/policy_version`` is the version the engine held, the policy validated: the learner's current one
+    (``Trainer.validate`` lends a fixed-lag run's engines the current weights for it).
     """
     v = cfg.validation
     version = engine.policy_version

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
+from ragen_async.bench.pipeline import BenchRow, bench_config, format_table, parse_k
 from ragen_async.cli import app
 from ragen_async.config import load_config
-from ragen_async.experiments.bench import BenchRow, bench_config, format_table, parse_k
 
 
 def test_k_is_an_integer_or_inf():

@@ -5,8 +5,7 @@ import time
 
 import torch
 
-from ragen_async.experiments.bench import split_cpus
-from ragen_async.experiments.components import (
+from ragen_async.bench.components import (
     HOPS,
     SOKOBAN,
     GroupShape,
@@ -17,6 +16,7 @@ from ragen_async.experiments.components import (
     format_weights,
     synthetic_group,
 )
+from ragen_async.bench.pipeline import split_cpus
 from ragen_async.weight_sync.base import make_manifest, pack_bucket, plan_buckets
 
 
@@ -75,7 +75,7 @@ def test_process_cpu_time_keeps_the_time_of_threads_that_ended(monkeypatch):
 
     import psutil
 
-    from ragen_async.experiments import cputime
+    from ragen_async.bench import cputime
 
     spent: list[float] = []
 

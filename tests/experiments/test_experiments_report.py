@@ -9,7 +9,7 @@ import math
 import pytest
 import yaml
 
-from ragen_async.experiments.report import (
+from ragen_async.study.report import (
     ReportError,
     RunData,
     find_runs,
@@ -168,7 +168,7 @@ def test_a_run_stopped_by_its_time_budget_is_not_called_partial(tmp_path, make_r
 
 
 def test_curves_colour_by_k_and_by_run_when_k_is_shared(tmp_path, make_run):
-    from ragen_async.experiments.report.figures import _color, _run_colors
+    from ragen_async.study.report.figures import _color, _run_colors
 
     def runs(*ks):
         return [RunData.load(make_run(tmp_path / f"r{i}-k{k}", steps=2, k=k)) for i, k in enumerate(ks)]
@@ -182,7 +182,7 @@ def test_curves_colour_by_k_and_by_run_when_k_is_shared(tmp_path, make_run):
 
 
 def test_baselines_are_drawn_on_every_validation_plot(sweep_like, tmp_path, monkeypatch):
-    from ragen_async.experiments.report import figures
+    from ragen_async.study.report import figures
 
     saved = {}
     real_save = figures._save

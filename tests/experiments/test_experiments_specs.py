@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ragen_async.experiments.sweep import SweepSpec, plan_sweep
+from ragen_async.study.sweep import SweepSpec, plan_sweep
 
 SPECS = sorted((Path(__file__).resolve().parents[2] / "configs" / "sweeps").glob("*.yaml"))
 

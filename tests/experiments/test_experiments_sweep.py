@@ -10,7 +10,7 @@ import pytest
 import yaml
 from rich.console import Console
 
-from ragen_async.experiments.sweep import (
+from ragen_async.study.sweep import (
     Sweep,
     SweepError,
     SweepSpec,

@@ -35,7 +35,7 @@ def tokenizer_dir(tiny_model_path) -> Path:
 
 
 def test_the_quick_variant_trains_checkpoints_resumes_and_passes_every_check(tokenizer_dir, tmp_path):
-    from ragen_async.experiments.paper_shape import BUILD_INFO, ensure_shape_model
+    from ragen_async.bench.paper_shape import BUILD_INFO, ensure_shape_model
 
     model_dir = tmp_path / "model"
     _, _, built = ensure_shape_model(model_dir, layers=2, vocab=VOCAB, source=tokenizer_dir)

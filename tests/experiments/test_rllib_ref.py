@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from ragen_async.cli import app
 from ragen_async.envs.sokoban import Room, SokobanEnv, solve
-from ragen_async.experiments.rllib_ref import (
+from ragen_async.study.rllib_ref import (
     EVAL_SEED,
     MOVES,
     SYMBOLS,
@@ -174,7 +174,7 @@ def own_ray():
     """A small local Ray for the test, shut down afterwards unless one was already running."""
     import ray
 
-    from ragen_async.experiments.rllib_ref import ensure_ray
+    from ragen_async.study.rllib_ref import ensure_ray
 
     already = ray.is_initialized()
     ensure_ray()

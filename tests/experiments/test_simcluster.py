@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ragen_async.experiments.simcluster import (
+from ragen_async.bench.simcluster import (
     ClusterSpec,
     SimEngine,
     SimRolloutWorker,
@@ -23,7 +23,7 @@ from ragen_async.experiments.simcluster import (
     linear_ratios,
     run_cluster,
 )
-from ragen_async.experiments.simprofile import load_profile
+from ragen_async.bench.simprofile import load_profile
 from ragen_async.inference.base import SamplingConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,7 +112,7 @@ def test_an_unknown_admission_protocol_is_refused():
 def test_ratios_and_knee():
     from dataclasses import fields
 
-    from ragen_async.experiments.simcluster import ClusterRow
+    from ragen_async.bench.simcluster import ClusterRow
 
     def row(n: int, gps: float) -> ClusterRow:
         zeros = {f.name: 0 for f in fields(ClusterRow) if f.name != "records"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ragen_async.experiments.step_profile import RecordingEngine, replay
+from ragen_async.bench.step_profile import RecordingEngine, replay
 from ragen_async.inference.base import SamplingConfig
 from ragen_async.inference.fake_engine import FakeEngine
 

@@ -10,8 +10,8 @@ from scipy import stats
 
 from ragen_async.collapse import SIGNALS, Collapse, find_collapse
 from ragen_async.config import RunConfig
-from ragen_async.experiments import study
-from ragen_async.experiments.report import ReportError, write_report
+from ragen_async.study import stats as study
+from ragen_async.study.report import ReportError, write_report
 
 
 def test_collapse_is_a_fall_below_half_the_peak_for_good():
@@ -174,7 +174,7 @@ def test_cells_pool_finished_runs_across_placements_and_count_falls(tmp_path, ma
 
 
 def test_validation_is_placed_at_the_training_time_its_step_ended(tmp_path, make_run):
-    from ragen_async.experiments.report import RunData, val_success_vs_time
+    from ragen_async.study.report import RunData, val_success_vs_time
 
     run = RunData.load(make_run(tmp_path / "r", steps=20, k=1))  # steps take 2.1 s each, validation every 5
     minutes, success = val_success_vs_time(run)

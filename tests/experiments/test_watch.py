@@ -6,7 +6,7 @@ import numpy as np
 from typer.testing import CliRunner
 
 from ragen_async.cli import app
-from ragen_async.experiments.watch import sparkline
+from ragen_async.study.watch import sparkline
 
 
 def test_sparkline_scales_between_min_and_max():

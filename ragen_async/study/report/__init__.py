@@ -7,7 +7,7 @@ directories, sweep directories, or folders holding either) and writes into ``out
   95 % interval, clipped to the quantity's range, Wilson's for a share of runs, of final and best
   validation success, throughput, staleness, the share of runs that fell and that collapsed, the lead time
   and false-alarm rate of each early-warning signal; definitions in :mod:`ragen_async.collapse` and
-  :mod:`ragen_async.experiments.study`; finished runs only); each cell against synchronous training and the
+  :mod:`ragen_async.study.stats`; finished runs only); each cell against synchronous training and the
   trend in mean staleness; the sections a headline quotes (:mod:`.headline`: the cost as a step or a line,
   how much steeper a larger step size makes it, speed inside the runs beside the idle-machine figures);
   success at equal time (``throughput``); then a table per run: final and best
@@ -28,7 +28,7 @@ Runs may be of different lengths, still running (a half-written last line is ski
 warning), resumed (a replayed step keeps its latest record), or missing any metric (shown as —).
 
 The work is split by concern: :mod:`.runs` loads runs, :mod:`.summary` gives one run's numbers,
-:mod:`ragen_async.experiments.study` the statistics over runs, :mod:`.tables` the markdown and CSV,
+:mod:`ragen_async.study.stats` the statistics over runs, :mod:`.tables` the markdown and CSV,
 :mod:`.headline` the sections a headline quotes, and :mod:`.figures` the plots; this module puts them
 together and re-exports what callers use.
 """
@@ -41,9 +41,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ragen_async.experiments.report import headline, tables
-from ragen_async.experiments.report.figures import plot_cells, plot_curves, plot_lag_sensitivity, plot_staleness_summary
-from ragen_async.experiments.report.runs import (
+from ragen_async.study.report import headline, tables
+from ragen_async.study.report.figures import plot_cells, plot_curves, plot_lag_sensitivity, plot_staleness_summary
+from ragen_async.study.report.runs import (
     MISSING,
     REFERENCE_COLUMNS,
     ReportError,
@@ -53,7 +53,7 @@ from ragen_async.experiments.report.runs import (
     read_reference,
     val_success_vs_time,
 )
-from ragen_async.experiments.report.summary import RunSummary, reference_bands, summarize
+from ragen_async.study.report.summary import RunSummary, reference_bands, summarize
 
 __all__ = ["REFERENCE_COLUMNS", "Report", "ReportError", "RunData", "RunSummary", "find_runs", "plot_cells",
            "plot_curves", "plot_lag_sensitivity", "plot_staleness_summary", "read_metrics", "read_reference",

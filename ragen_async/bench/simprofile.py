@@ -9,7 +9,7 @@ rest is agent and environment time between turns); the score and success. The si
 recorded groups from it, so per-token latencies, turns per episode, tokens per turn and in-group score
 spreads keep their real joint distribution.
 
-``measure_profile`` makes one (``python -m ragen_async.experiments.simprofile OUT.json``); the one the
+``measure_profile`` makes one (``python -m ragen_async.bench.simprofile OUT.json``); the one the
 benchmark uses by default is ``configs/sim/sokoban_tiny_profile.json``, with its provenance inside.
 """
 
@@ -119,8 +119,8 @@ def measure_profile(config: Path, overrides: list[str], groups: int, warmup_grou
     """Play ``warmup_groups + groups`` groups with the real rollout worker on the configured (real) engine,
     exactly as a rollout actor plays them (``RolloutWorker.run``); keep the shapes of the last ``groups``."""
     from ragen_async.agent.chat import ChatFormat
+    from ragen_async.bench.pipeline import machine_description
     from ragen_async.config import load_config
-    from ragen_async.experiments.bench import machine_description
     from ragen_async.rollout.engines import make_engine
     from ragen_async.rollout.worker import RolloutWorker
 
@@ -151,7 +151,7 @@ def measure_profile(config: Path, overrides: list[str], groups: int, warmup_grou
     return {
         "provenance": {
             "measured": time.strftime("%Y-%m-%d %H:%M"),
-            "command": "python -m ragen_async.experiments.simprofile " + " ".join(
+            "command": "python -m ragen_async.bench.simprofile " + " ".join(
                 [str(config), *overrides, f"--groups {groups} --warmup-groups {warmup_groups}"]),
             "machine": machine_description(), "python": platform.python_version(),
             "engine": cfg.inference.engine, "model": cfg.model.path, "env": [e.tag for e in cfg.rollout.envs],

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ragen_async.experiments.bench import split_cpus
-from ragen_async.experiments.cputime import process_cpu_s
+from ragen_async.bench.cputime import process_cpu_s
+from ragen_async.bench.pipeline import split_cpus
 from ragen_async.protocol import NO_VERSION, Trajectory, TrajectoryGroup, TurnRecord
 
 
@@ -247,7 +247,7 @@ def bench_transport(groups: dict[GroupShape, int], repeats: int = 3, hops: tuple
                     pin: bool = False) -> list[TransportRow]:
     """Project path and raw PUSH/PULL, alternating, ``repeats`` times per shape and hop; every run is returned.
     ``pin``: the sender and the receiver (this process) on the two halves of this process's CPUs
-    (:func:`~ragen_async.experiments.bench.split_cpus`), for the whole benchmark (restored after)."""
+    (:func:`~ragen_async.bench.pipeline.split_cpus`), for the whole benchmark (restored after)."""
     unknown = set(hops) - set(HOPS)
     if unknown:
         raise ValueError(f"unknown hop(s) {sorted(unknown)}; valid: {', '.join(HOPS)}")
@@ -276,7 +276,7 @@ def format_transport(rows: list[TransportRow]) -> str:
     """Medians per path, and the mean with its 95 % interval of the per-run figures: the project's MB/s and
     its ratio to the raw run made just after it (the paths alternate, so a pair shares the host's state);
     then what each end's process spent in CPU time per group (medians), which a busy host changes less."""
-    from ragen_async.experiments.study import format_mean_ci, interval
+    from ragen_async.study.stats import format_mean_ci, interval
 
     lines = ["| groups | hop | MB per message | project MB/s | project groups/s | raw ZeroMQ MB/s | project / raw "
              "| project MB/s, mean ± 95 % | project / raw per pair, mean ± 95 % (pairs) "

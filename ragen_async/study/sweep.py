@@ -654,7 +654,7 @@ def run_sweep(
 def _write_report(sweep: Sweep, console: Console) -> None:
     if not any(r.run_dir for r in sweep.manifest.runs.values()):
         return
-    from ragen_async.experiments.report import write_report
+    from ragen_async.study.report import write_report
 
     try:
         result = write_report([sweep.directory], sweep.directory / "report")

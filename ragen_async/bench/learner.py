@@ -2,7 +2,7 @@
 
 One rank's share of a paper-scale step (RAGEN's Sokoban config: 8 groups x 16 episodes, the top quarter
 kept, four ranks: 8 trajectories of up to 4,000 tokens per rank) is built from synthetic groups
-(:func:`~ragen_async.experiments.components.synthetic_group`, random token ids) and trained with the
+(:func:`~ragen_async.bench.components.synthetic_group`, random token ids) and trained with the
 project's :class:`~ragen_async.learner.learner.Learner` (actor and critic, GAE), a few warm-up steps
 and then timed steps. A setting is a compute dtype (``model.dtype``: the learner keeps fp32 masters either
 way, ``learner/precision.py``) and activation checkpointing on or off. Per setting it reports the median step
@@ -31,8 +31,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ragen_async.bench.components import PAPER, GroupShape, synthetic_group
 from ragen_async.config import load_config
-from ragen_async.experiments.components import PAPER, GroupShape, synthetic_group
 
 QWEN_0_5B = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
              "intermediate_size": 4864, "vocab_size": 151_936, "max_position_embeddings": 32_768,

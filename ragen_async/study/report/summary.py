@@ -1,7 +1,7 @@
 """One run's numbers (:class:`RunSummary`): validation, staleness, collapse and its early warnings, speed.
 
 Definitions of a fall, a collapse, degradation, lead times and false alarms: :mod:`ragen_async.collapse` and
-:mod:`ragen_async.experiments.study`.
+:mod:`ragen_async.study.stats`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from ragen_async.collapse import SIGNAL_KEYS, Collapse, find_collapse
-from ragen_async.experiments import study
-from ragen_async.experiments.report.runs import RunData
+from ragen_async.study import stats
+from ragen_async.study.report.runs import RunData
 
 FINISHED = ("done", "complete", "time budget")
 """Run statuses that mean its budget was spent (a sweep's ``done``; a lone run's ``complete`` or ``time budget``)."""
@@ -88,12 +88,12 @@ class RunSummary:
     collapse: Collapse = Collapse(False, None, math.nan, None)
     degraded: int | None = None
     """The first validation of a lasting shortfall against the k = 0 cell at the same step size
-    (``study.degraded_from``); None: none, or no such reference."""
+    (``stats.degraded_from``); None: none, or no such reference."""
     lead: dict[str, int | None] = field(default_factory=dict)
     """Per early-warning signal, steps from its first firing to the run's first event, a fall or a degradation
-    (``study.lead_times``)."""
+    (``stats.lead_times``)."""
     false_alarms: dict[str, float] = field(default_factory=dict)
-    """Per early-warning signal, firings no event followed, per 100 steps (``study.false_alarms``)."""
+    """Per early-warning signal, firings no event followed, per 100 steps (``stats.false_alarms``)."""
     lag_shares: dict[str, float] = field(default_factory=dict)
     """The realised staleness distribution: per age bucket (``0`` .. ``7``, ``8+`` versions), its share of all
     the tokens the run trained on (from ``lag/{s}/tokens``)."""
@@ -174,10 +174,10 @@ def _first_event(collapse: Collapse, degraded: int | None) -> int | None:
 
 def summarize(run: RunData, threshold: float = 0.9, collapse_floor: float = 0.0,
               band: dict[int, float] | None = None) -> RunSummary:
-    """One run's numbers; ``band`` (``study.reference_band`` of the k = 0 cell at the run's step size) makes
+    """One run's numbers; ``band`` (``stats.reference_band`` of the k = 0 cell at the run's step size) makes
     degradation measurable."""
     collapse = find_collapse(*run.val_success(), floor=collapse_floor)
-    degraded = study.degraded_from(*run.val_success(), band) if band else None
+    degraded = stats.degraded_from(*run.val_success(), band) if band else None
     event = _first_event(collapse, degraded)
     signals = {sig: run.series(key) for sig, key in SIGNAL_KEYS.items()}
     envs = {tag: _validation(*run.series(f"val/{tag}/success", validation=True), threshold)
@@ -207,7 +207,7 @@ def summarize(run: RunData, threshold: float = 0.9, collapse_floor: float = 0.0,
         tokens_per_s=_nanmean(run.series("throughput/tokens_per_s")[1]),
         groups_per_s=_nanmean(run.series("throughput/groups_per_s")[1]), placement=run.placement,
         collapse=collapse, degraded=degraded,
-        lead=study.lead_times(signals, event), false_alarms=study.false_alarms(signals, event),
+        lead=stats.lead_times(signals, event), false_alarms=stats.false_alarms(signals, event),
         lag_shares=_lag_shares(run),
         cell=run.cell,
     )
@@ -215,9 +215,9 @@ def summarize(run: RunData, threshold: float = 0.9, collapse_floor: float = 0.0,
 
 def reference_bands(runs: Sequence[RunData], summaries: Sequence[RunSummary]) -> dict[float, dict[int, float]]:
     """Per actor learning rate: the lower 95 % band of the finished synchronous runs' validation success
-    (``study.reference_band``; a rate with fewer than two such runs has none)."""
+    (``stats.reference_band``; a rate with fewer than two such runs has none)."""
     curves: dict[float, list[tuple[np.ndarray, np.ndarray]]] = {}
     for run, s in zip(runs, summaries, strict=True):
         if s.is_reference:
             curves.setdefault(s.actor_lr_key, []).append(run.val_success())
-    return {lr: band for lr, c in curves.items() if (band := study.reference_band(c))}
+    return {lr: band for lr, c in curves.items() if (band := stats.reference_band(c))}

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ragen_async.experiments import study
-from ragen_async.experiments.report.runs import MISSING, RunData, val_success_vs_time
-from ragen_async.experiments.report.summary import LAGS, RunSummary, correction_order
+from ragen_async.study import stats
+from ragen_async.study.report.runs import MISSING, RunData, val_success_vs_time
+from ragen_async.study.report.summary import LAGS, RunSummary, correction_order
 
 CURVES = (
     ("val_success", "validation success", None),
@@ -187,7 +187,7 @@ def plot_cells(runs: Sequence[RunData], summaries: Sequence[RunSummary], out: Pa
             label = f"{_cell_label(labels[key], varying)} (n={len(members)})"
             ax.plot(grid, mean, color=color, lw=1.6, label=label)
             if len(members) >= 2:
-                half = study.t95(len(members)) * ys.std(axis=0, ddof=1) / math.sqrt(len(members))
+                half = stats.t95(len(members)) * ys.std(axis=0, ddof=1) / math.sqrt(len(members))
                 ax.fill_between(grid, np.clip(mean - half, 0.0, 1.0), np.clip(mean + half, 0.0, 1.0),
                                 color=color, alpha=0.2, lw=0)
     axes[0].set(xlabel="learner step", ylabel="validation success", title="per cell: mean over seeds, 95 % band")
@@ -254,7 +254,7 @@ def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path |
             color = group_color[(mode, lr)]
             ax.scatter(xs + offsets[group], ys, marker=MARKERS.get(mode, "D"), s=36, alpha=0.8,
                        facecolors=_face(color, lag), edgecolors=color)
-            cells = [(x + offsets[group], *study.error_bar(ys[xs == x].tolist(), low, high)) for x in np.unique(xs)]
+            cells = [(x + offsets[group], *stats.error_bar(ys[xs == x].tolist(), low, high)) for x in np.unique(xs)]
             ax.errorbar([c[0] for c in cells], [c[1] for c in cells], yerr=[[c[2] for c in cells], [c[3] for c in cells]],
                         color=color, ls=LINESTYLES[lag], lw=1, alpha=0.8, capsize=4)
         ticks = finite + ([unbounded_x] if any(s.k is None for s in known) else [])
@@ -300,7 +300,7 @@ def plot_lag_sensitivity(summaries: Sequence[RunSummary], references: dict[str, 
             cells.setdefault(s.k_label, []).append(s)
         xs, ys, below, above = [], [], [], []
         for group in sorted(cells.values(), key=lambda g: np.mean([s.staleness_mean for s in g])):
-            mean, low, high = study.error_bar([s.final_val for s in group], 0.0, 1.0)
+            mean, low, high = stats.error_bar([s.final_val for s in group], 0.0, 1.0)
             xs.append(float(np.mean([s.staleness_mean for s in group])))
             ys.append(mean)
             below.append(low)

@@ -60,7 +60,7 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 from ragen_async.envs.sokoban import ACTION_NAMES, SokobanEnv
-from ragen_async.experiments.study import UNIT, cell_table, format_mean_ci
+from ragen_async.study.stats import UNIT, cell_table, format_mean_ci
 
 SYMBOLS: tuple[str, ...] = tuple(SokobanEnv.grid_vocab or {})
 """Grid symbols in channel order: wall, floor, target, box on target, box, player, player on target."""

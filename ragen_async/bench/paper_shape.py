@@ -1,7 +1,7 @@
 """``make paper-shape`` (``scripts/paper_shape.py``): a paper config's settings end to end at Qwen2.5-0.5B's shape,
 on the CPUs of one machine.
 
-1. **Model.** A causal LM with Qwen2.5-0.5B's architecture (:data:`~ragen_async.experiments.learner_bench.QWEN_0_5B`:
+1. **Model.** A causal LM with Qwen2.5-0.5B's architecture (:data:`~ragen_async.bench.learner.QWEN_0_5B`:
    hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate 4,864, vocabulary 151,936, tied embeddings, RoPE
    theta 1e6), random weights from a fixed seed (every matrix and embedding ~ N(0, 0.02), norms 1, biases 0),
    saved in bfloat16 safetensors with the project's tokenizer (the files of ``artifacts/tiny-model``; its
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ragen_async.experiments.learner_bench import QWEN_0_5B
+from ragen_async.bench.learner import QWEN_0_5B
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = Path("configs/paper/shape_bandit.yaml")
@@ -534,7 +534,7 @@ def build_in_subprocess(out: Path, layers: int, vocab: int, seed: int, force: bo
     import resource
 
     t0 = time.perf_counter()
-    code = ("import sys; from pathlib import Path; from ragen_async.experiments.paper_shape import ensure_shape_model; "
+    code = ("import sys; from pathlib import Path; from ragen_async.bench.paper_shape import ensure_shape_model; "
             f"_, _, built = ensure_shape_model(Path({str(out)!r}), {layers}, {vocab}, {seed}, force={force}); "
             "sys.exit(10 if built else 0)")
     rc = subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode

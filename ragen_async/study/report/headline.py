@@ -2,7 +2,7 @@
 much steeper a larger step size makes it, and speed as the runs measured it beside the idle-machine figures.
 
 Every number a headline quotes is printed here, with what it was computed on. The runs are those of the
-trend (:func:`~ragen_async.experiments.report.tables.against_sync_section`): finished, bounded, without
+trend (:func:`~ragen_async.study.report.tables.against_sync_section`): finished, bounded, without
 correction, one set per actor learning rate.
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from ragen_async.experiments import study
-from ragen_async.experiments.report.runs import MISSING
-from ragen_async.experiments.report.summary import RunSummary
-from ragen_async.experiments.report.tables import fmt, table
+from ragen_async.study import stats
+from ragen_async.study.report.runs import MISSING
+from ragen_async.study.report.summary import RunSummary
+from ragen_async.study.report.tables import fmt, table
 
 SPEED_FROM_K = 2
 """The speed line compares the bounds from this k on (the answer's choice, k = 2 to 4, and above) with k = 0."""
@@ -38,15 +38,15 @@ def plain_runs(summaries: Sequence[RunSummary]) -> dict[float, list[RunSummary]]
     return {lr: sorted(runs, key=_k_order) for lr, runs in sorted(by_lr.items()) if any(s.k == 0 for s in runs)}
 
 
-def _fits(runs: Sequence[RunSummary]) -> list[study.ModelFit]:
-    return study.cost_models([s.k for s in runs], [s.staleness_mean for s in runs], [s.mean_val for s in runs])
+def _fits(runs: Sequence[RunSummary]) -> list[stats.ModelFit]:
+    return stats.cost_models([s.k for s in runs], [s.staleness_mean for s in runs], [s.mean_val for s in runs])
 
 
-def _terms(fit: study.ModelFit) -> str:
+def _terms(fit: stats.ModelFit) -> str:
     return "; ".join(f"{name}: {c:+.4f} [{lo:+.4f}, {hi:+.4f}]" for name, (c, lo, hi) in fit.terms.items())
 
 
-def _verdict(lr: float, fits: dict[str, study.ModelFit]) -> str:
+def _verdict(lr: float, fits: dict[str, stats.ModelFit]) -> str:
     """Which of step and linear the data prefer, by AIC and by leave-one-cell-out error."""
     step, line = fits.get("step"), fits.get("linear")
     if step is None or line is None:
@@ -81,7 +81,7 @@ def shape_section(summaries: Sequence[RunSummary]) -> list[str]:
         return []
     lines = ["## The shape of the cost: a step or a line", "",
              "The mean validation success after step 0 of the bounded runs without correction (the trend's runs), "
-             "per step size, fitted by least squares (`study.cost_models`) three ways: **step**, any staleness "
+             "per step size, fitted by least squares (`stats.cost_models`) three ways: **step**, any staleness "
              "(k ≥ 1) costs one constant against k = 0 (k ≥ 1: that constant); **linear**, the cost is "
              "proportional to the run's realised mean age (per version: the trend's slope); and both together. "
              "Coefficients with their 95 % intervals. AIC = n ln(RSS / n) + 2 (coefficients + 1), lower is better; "
@@ -106,7 +106,7 @@ def _subsets(base: Sequence[RunSummary], other: Sequence[RunSummary]
 
 
 def _slope(runs: Sequence[RunSummary]) -> tuple[float, str]:
-    slope, low, high, _, n = study.trend([s.staleness_mean for s in runs], [s.mean_val for s in runs])
+    slope, low, high, _, n = stats.trend([s.staleness_mean for s in runs], [s.mean_val for s in runs])
     fell = sum(1 for s in runs if s.collapse.fell is not None)
     if not math.isfinite(slope):
         return math.nan, MISSING
@@ -133,7 +133,7 @@ def step_size_section(summaries: Sequence[RunSummary]) -> list[str]:
             rows.append([_lr(lr), name, ta, tb, factor])
     lines = ["## Step size: how much steeper the cost", "",
              f"The trend's slope (mean validation success after step 0 per version of realised mean age, the bounded "
-             f"runs without correction, 95 % interval, `study.trend`) at each larger step size against actor lr "
+             f"runs without correction, 95 % interval, `stats.trend`) at each larger step size against actor lr "
              f"{_lr(base_lr)}: the factor is the ratio of the two slopes, on all cells, without the unbounded one "
              "(where a run that falls is likeliest), and on the cells both step sizes ran. Fell: runs with a fall "
              "(section \"Cells\").", ""]
@@ -142,7 +142,7 @@ def step_size_section(summaries: Sequence[RunSummary]) -> list[str]:
 
 
 def _speeds(runs: Sequence[RunSummary]) -> tuple[float, float, float, int]:
-    return study.bounds([s.groups_per_s for s in runs], study.POSITIVE)
+    return stats.bounds([s.groups_per_s for s in runs], stats.POSITIVE)
 
 
 def speed_section(summaries: Sequence[RunSummary], throughput: dict[int | None, float]) -> list[str]:
@@ -162,7 +162,7 @@ def speed_section(summaries: Sequence[RunSummary], throughput: dict[int | None, 
         for (k, placement), members in sorted(groups.items(), key=lambda kv: (_k_order(kv[1][0]), kv[0][1])):
             mean, low, high, n = _speeds(members)
             bench = throughput.get(k)
-            rows.append([_lr(lr), members[0].k_label, placement, n, study.format_bounds(mean, low, high, ".2f"),
+            rows.append([_lr(lr), members[0].k_label, placement, n, stats.format_bounds(mean, low, high, ".2f"),
                          f"{mean / sync_mean:.2f}×", fmt(bench, ".3f"),
                          f"{bench / bench0:.2f}×" if bench is not None and bench0 else MISSING])
         for placement in sorted({s.placement for s in runs if s.k is None or s.k >= SPEED_FROM_K}):
@@ -171,11 +171,11 @@ def speed_section(summaries: Sequence[RunSummary], throughput: dict[int | None, 
             if not stale:
                 continue
             mean, low, high, n = _speeds(stale)
-            diff = study.welch_difference([s.groups_per_s for s in stale], [s.groups_per_s for s in sync])
+            diff = stats.welch_difference([s.groups_per_s for s in stale], [s.groups_per_s for s in sync])
             text = (f"At actor lr {_lr(lr)}, inside the runs: k ≥ {SPEED_FROM_K} ({placement}, {n} runs) "
-                    f"{study.format_bounds(mean, low, high, '.2f')} groups/s against k = 0's "
-                    f"{study.format_bounds(*_speeds(sync)[:3], '.2f')} ({len(sync)} runs): {mean / sync_mean:.2f}× "
-                    f"(difference {study.format_bounds(*diff, '+.2f')})")
+                    f"{stats.format_bounds(mean, low, high, '.2f')} groups/s against k = 0's "
+                    f"{stats.format_bounds(*_speeds(sync)[:3], '.2f')} ({len(sync)} runs): {mean / sync_mean:.2f}× "
+                    f"(difference {stats.format_bounds(*diff, '+.2f')})")
             bench = [v for k, v in throughput.items() if k is None or k >= SPEED_FROM_K]
             if bench and bench0:
                 text += (f"; on the idle machine (`--throughput`) k ≥ {SPEED_FROM_K}: {min(bench):.3f}–{max(bench):.3f} "

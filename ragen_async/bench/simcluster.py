@@ -48,9 +48,9 @@ from typing import Any
 import numpy as np
 import ray
 
+from ragen_async.bench.cputime import process_cpu_s
+from ragen_async.bench.simprofile import DEFAULT_PROFILE, Profile, load_profile
 from ragen_async.config import RunConfig
-from ragen_async.experiments.cputime import process_cpu_s
-from ragen_async.experiments.simprofile import DEFAULT_PROFILE, Profile, load_profile
 from ragen_async.inference.base import Generation, InferenceEngine, SamplingConfig
 from ragen_async.learner.learner import TrainResult
 from ragen_async.protocol import NO_VERSION, Trajectory, TrajectoryGroup, TurnRecord

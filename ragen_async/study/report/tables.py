@@ -1,5 +1,5 @@
 """A report's tables: the markdown sections (overview, cells, against synchronous training, equal time, one
-section per run) and the per-run CSV rows. Statistics come from :mod:`ragen_async.experiments.study`.
+section per run) and the per-run CSV rows. Statistics come from :mod:`ragen_async.study.stats`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 
 from ragen_async.collapse import SIGNALS, Collapse
-from ragen_async.experiments import study
-from ragen_async.experiments.report.runs import MISSING, RunData
-from ragen_async.experiments.report.summary import LAGS, RunSummary, correction_order
+from ragen_async.study import stats
+from ragen_async.study.report.runs import MISSING, RunData
+from ragen_async.study.report.summary import LAGS, RunSummary, correction_order
 
 
 def fmt(value: float | None, spec: str = ".3f") -> str:
@@ -122,20 +122,20 @@ def csv_rows(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
     return rows
 
 
-CELL_VALUES = (("final_val", "final val", ".3f", study.UNIT), ("best_val", "best val", ".3f", study.UNIT),
-               ("mean_val", "mean val after step 0", ".3f", study.UNIT),
-               ("val_reached", "reached threshold (share)", ".2f", study.SHARE),
-               ("val_reached_at", "first step ≥ threshold (runs that reached it)", ".1f", study.POSITIVE),
-               ("groups_per_s", "groups/s", ".2f", study.POSITIVE), ("tokens_per_s", "tokens/s", ".0f", study.POSITIVE),
-               ("staleness_mean", "staleness mean", ".2f", study.POSITIVE),
-               ("fell", "fell (share)", ".2f", study.SHARE), ("collapsed", "collapsed (share)", ".2f", study.SHARE),
-               ("degraded", "degraded (share)", ".2f", study.SHARE),
-               *((f"lead_{sig}", f"lead: {sig.replace('_', ' ')} (steps)", ".1f", (0.0, float(study.HORIZON)))
+CELL_VALUES = (("final_val", "final val", ".3f", stats.UNIT), ("best_val", "best val", ".3f", stats.UNIT),
+               ("mean_val", "mean val after step 0", ".3f", stats.UNIT),
+               ("val_reached", "reached threshold (share)", ".2f", stats.SHARE),
+               ("val_reached_at", "first step ≥ threshold (runs that reached it)", ".1f", stats.POSITIVE),
+               ("groups_per_s", "groups/s", ".2f", stats.POSITIVE), ("tokens_per_s", "tokens/s", ".0f", stats.POSITIVE),
+               ("staleness_mean", "staleness mean", ".2f", stats.POSITIVE),
+               ("fell", "fell (share)", ".2f", stats.SHARE), ("collapsed", "collapsed (share)", ".2f", stats.SHARE),
+               ("degraded", "degraded (share)", ".2f", stats.SHARE),
+               *((f"lead_{sig}", f"lead: {sig.replace('_', ' ')} (steps)", ".1f", (0.0, float(stats.HORIZON)))
                  for sig in SIGNALS),
-               *((f"false_alarms_{sig}", f"false alarms: {sig.replace('_', ' ')} (/100 steps)", ".2f", study.POSITIVE)
+               *((f"false_alarms_{sig}", f"false alarms: {sig.replace('_', ' ')} (/100 steps)", ".2f", stats.POSITIVE)
                  for sig in SIGNALS))
 """The cells table's columns: summary key, header, format, and the range its interval is clipped to
-(``study.SHARE``: a share of runs, Wilson's interval)."""
+(``stats.SHARE``: a share of runs, Wilson's interval)."""
 
 
 def cells_section(summaries: Sequence[RunSummary], collapse_floor: float = 0.0) -> list[str]:
@@ -151,7 +151,7 @@ def cells_section(summaries: Sequence[RunSummary], collapse_floor: float = 0.0) 
     frame = pd.concat([cells[varying].reset_index(drop=True),
                        pd.DataFrame(csv_rows(known))[[c for c, *_ in CELL_VALUES]].astype(float)], axis=1)
     frame["_cell"] = cells.astype(str).agg("|".join, axis=1)
-    pooled = study.cell_table(frame, ["_cell", *varying], [c for c, *_ in CELL_VALUES],
+    pooled = stats.cell_table(frame, ["_cell", *varying], [c for c, *_ in CELL_VALUES],
                               {c: span for c, _, _, span in CELL_VALUES})
     lines = ["## Cells (seeds pooled)", "",
              "Runs whose settings differ only in their seed form a cell: mean [95 % interval] over the cell's "
@@ -162,11 +162,11 @@ def cells_section(summaries: Sequence[RunSummary], collapse_floor: float = 0.0) 
              "so far; collapsed: fell and stayed below to the end. Degraded: from some validation to the last (two "
              "or more) below the lower end of the 95 % interval of the synchronous runs (k = 0, bounded, no "
              "correction, same learning rate) at the same step. Lead: steps from a signal's first firing within "
-             f"{study.HORIZON} steps before the run's first event (fall or degradation) to it, over runs with an "
+             f"{stats.HORIZON} steps before the run's first event (fall or degradation) to it, over runs with an "
              "event where it fired "
              "(in-group reward std below half its running peak; entropy below half its start; a gradient norm "
              "above 3× the median of the previous 5 steps). False alarms: firings that no event followed within "
-             f"{study.HORIZON} steps, per 100 steps watched (`ragen_async/experiments/study.py`)."
+             f"{stats.HORIZON} steps, per 100 steps watched (`ragen_async/study/stats.py`)."
              + (f" Only finished runs are pooled; {unfinished} unfinished left out (overview only)." if unfinished
                 else ""), ""]
     header = [*(varying or ["cell"]), "runs", *(label for _, label, *_ in CELL_VALUES)]
@@ -174,7 +174,7 @@ def cells_section(summaries: Sequence[RunSummary], collapse_floor: float = 0.0) 
     for _, r in pooled.iterrows():
         settings = [r[c] for c in varying] or ["all runs"]
         rows.append([*settings, int(r["n"]),
-                     *(study.format_bounds(r[c], r[f"{c}_lo"], r[f"{c}_hi"], spec) for c, _, spec, _ in CELL_VALUES)])
+                     *(stats.format_bounds(r[c], r[f"{c}_lo"], r[f"{c}_hi"], spec) for c, _, spec, _ in CELL_VALUES)])
     return [*lines, *table(header, rows), ""]
 
 
@@ -202,33 +202,33 @@ def against_sync_section(summaries: Sequence[RunSummary]) -> list[str]:
         for group in sorted(cells.values(), key=lambda g: (LAGS.index(g[0].lag), correction_order(g[0].off_policy),
                                                           g[0].off_policy, g[0].k is None, g[0].k or 0)):
             s0 = group[0]
-            diffs = [study.welch_difference([getattr(s, a) for s in group], [getattr(r, a) for r in reference])
+            diffs = [stats.welch_difference([getattr(s, a) for s in group], [getattr(r, a) for r in reference])
                      for a in ("mean_val", "final_val")]
             age = float(np.mean([s.staleness_mean for s in group]))
-            predicted = MISSING if s0.plain else study.format_bounds(*study.predicted_mean(
+            predicted = MISSING if s0.plain else stats.format_bounds(*stats.predicted_mean(
                 [s.staleness_mean for s in plain], [s.mean_val for s in plain], age, len(group)), ".3f")
             # What a correction buys back (the uncorrected runs at its k and lag), or an adaptive bound against
             # the fixed bound it starts from (bounded, uncorrected, same k).
             against = ((s0.k, s0.lag) if s0.off_policy != "none" else (s0.k, "bounded") if s0.lag == "adaptive"
                        else None)
             same_k = uncorrected.get(against, []) if against else []
-            against_none = (study.format_bounds(*study.welch_difference([s.mean_val for s in group], same_k), "+.3f")
+            against_none = (stats.format_bounds(*stats.welch_difference([s.mean_val for s in group], same_k), "+.3f")
                             if same_k else MISSING)
             rows.append([s0.k_label, s0.lag, s0.off_policy, len(group), fmt(age, ".2f"),
-                         *(study.format_bounds(*d, "+.3f") for d in diffs),
+                         *(stats.format_bounds(*d, "+.3f") for d in diffs),
                          fmt(float(np.mean([s.mean_val for s in group]))), predicted, against_none])
-        trends = [study.trend([s.staleness_mean for s in plain], [getattr(s, a) for s in plain])
+        trends = [stats.trend([s.staleness_mean for s in plain], [getattr(s, a) for s in plain])
                   for a in ("mean_val", "final_val")]
         step = "" if lr < 0 else f" (actor lr {lr:g})"
         lines += [f"## Against synchronous training{step}", "",
                   f"Reference: the {len(reference)} finished runs at k = 0 (bounded, no correction). Per cell, the "
-                  "difference of its mean from the reference's, with Welch's 95 % interval (`study.welch_difference`),"
+                  "difference of its mean from the reference's, with Welch's 95 % interval (`stats.welch_difference`),"
                   " of the mean validation success after step 0 and of the final one. Trend: the least-squares slope "
                   "of each on a run's realised mean staleness over the bounded runs without correction, per version "
-                  "of mean age, with its 95 % interval and p-value (`study.trend`). Predicted: for a cell outside "
+                  "of mean age, with its 95 % interval and p-value (`stats.trend`). Predicted: for a cell outside "
                   "those runs (fixed lag, a correction, an adaptive bound), the mean validation success after step 0 "
                   "that trend predicts at the cell's mean age, with the 95 % prediction interval for the mean of as "
-                  "many runs (`study.predicted_mean`): a cell inside it behaves as its staleness alone predicts. "
+                  "many runs (`stats.predicted_mean`): a cell inside it behaves as its staleness alone predicts. "
                   "Against the same k: for a corrected cell, the difference of its mean validation success after "
                   "step 0 from that of the uncorrected runs at the same k and lag (Welch's 95 % interval): what the "
                   "correction buys back; for an adaptive bound, from that of the fixed bound it starts from (bounded, "
@@ -273,10 +273,10 @@ def equal_time_section(runs: Sequence[RunData], summaries: Sequence[RunSummary],
         at_time = [float(np.interp(steps_at, *r.val_success())) for r, _ in group]
         settings = ", ".join(f"{c.rsplit('.', 1)[-1]} {labels.at[key, c]}" for c in varying)
         rows.append([s0.k_label + (f" ({settings})" if settings else ""), len(group), f"{throughput[s0.k]:.2f}",
-                     f"{budget[key]:.1f}", study.format_bounds(*study.bounds([s.final_val for _, s in group],
-                                                                             study.UNIT)[:3], ".3f"),
-                     study.format_bounds(*study.bounds(gain)[:3], "+.3f"), f"{steps_at:.0f}",
-                     study.format_bounds(*study.bounds(at_time, study.UNIT)[:3], ".3f")])
+                     f"{budget[key]:.1f}", stats.format_bounds(*stats.bounds([s.final_val for _, s in group],
+                                                                             stats.UNIT)[:3], ".3f"),
+                     stats.format_bounds(*stats.bounds(gain)[:3], "+.3f"), f"{steps_at:.0f}",
+                     stats.format_bounds(*stats.bounds(at_time, stats.UNIT)[:3], ".3f")])
     lines = ["## At equal time (the practical answer)", "",
              "Per bounded cell with a measured throughput (`--throughput K=GROUPS_PER_S`, from `ragen-async bench "
              "pipeline` on an idle machine; the runs themselves may have shared theirs): the minutes its step "

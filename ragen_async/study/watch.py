@@ -16,7 +16,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from ragen_async.experiments.report import RunData
+from ragen_async.study.report import RunData
 
 CURVES = (
     ("val/success", "validation success", True),
