@@ -10,12 +10,13 @@ of them. :class:`CollapseWatch` applies the rule online, validation by validatio
 while a run is going. **A collapse** is a fall that lasted to the end of the run: :func:`find_collapse`
 judges a finished series and reports both (a run can fall and recover: that is a fall, not a collapse).
 
-**Early warnings** (RAGEN's Echo-Trap signals), :class:`EarlyWarning`, step by step, each on a trailing
-rolling mean of ``window`` steps:
+**Early warnings** (RAGEN's Echo-Trap signals), :class:`EarlyWarning`, step by step:
 
-- ``reward_std``: the in-group reward std falls below ``fraction`` of its highest smoothed value so far;
-- ``entropy``: the policy entropy falls below ``fraction`` of its mean over the first ``window`` steps;
-- ``grad_norm``: a gradient norm above ``spike`` (default 3) times the median of the previous
+- ``reward_std``: the in-group reward std, as a trailing mean of ``window`` steps, falls below ``fraction``
+  of its highest smoothed value so far;
+- ``entropy``: the policy entropy, as a trailing mean of ``window`` steps, falls below ``fraction`` of its
+  mean over the first ``window`` steps;
+- ``grad_norm``: the step's gradient norm above ``spike`` (default 3) times the median of the previous
   ``window`` steps;
 
 and two that read staleness itself, on the step's stale tokens (trained at least one version after the
@@ -23,8 +24,8 @@ one that generated them; :func:`stale_tokens` pools them from the per-lag metric
 
 - ``stale_kl``: their behaviour/learner KL (k3) above ``spike`` times the median of the previous ``window``
   steps that had stale tokens;
-- ``stale_ess``: their importance weights' effective sample size (over the token count, 1 = no mismatch)
-  below ``fraction``.
+- ``stale_ess``: the step's importance-weight effective sample size of its stale tokens (over the token
+  count, 1 = no mismatch) below ``fraction``.
 
 The report replays finished runs through the same class, and the adaptive staleness bound reacts to it
 while a run goes (to the signals ``staleness.adaptive_signals`` names), so both read one definition.

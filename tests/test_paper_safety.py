@@ -281,13 +281,15 @@ def test_the_learner_group_times_out_after_learner_group_timeout_s(monkeypatch):
 
     from ragen_async.learner import actor
 
-    calls = []
+    calls, stores = [], []
     monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: calls.append((backend, kw)))
+    monkeypatch.setattr(dist, "TCPStore", lambda *args, **kw: stores.append((args, kw)) or "client store")
     cfg = load_config(None, ["learner.group_timeout_s=2400", "weight_sync.timeout_s=120"])
     actor.join_learner_group(cfg, "gloo", "10.0.0.1", 29500, 1, 4)
     [(backend, kw)] = calls
     assert backend == "gloo" and kw["timeout"] == dt.timedelta(seconds=2400)
-    assert (kw["init_method"], kw["rank"], kw["world_size"]) == ("tcp://10.0.0.1:29500", 1, 4)
+    assert (kw["store"], kw["rank"], kw["world_size"]) == ("client store", 1, 4)
+    assert stores == [(("10.0.0.1", 29500, 4, False), {"timeout": dt.timedelta(seconds=2400)})]
     assert LearnerConfig().group_timeout_s >= 1800  # the default covers loading a paper-scale checkpoint
 
 
@@ -310,10 +312,31 @@ def test_the_learner_actor_joins_its_group_with_that_timeout(monkeypatch):
     shell = actor.LearnerActor.__ray_metadata__.modified_class
     self = shell.__new__(shell)
     self.cfg = load_config(None, ["learner.group_timeout_s=900", "learner.backend=gloo"])
-    self.rank, self.world_size = 0, 2
+    self.rank, self.world_size, self._store = 0, 2, "rank 0's store"
     with pytest.raises(Stop):
         shell.setup(self, "127.0.0.1", 29500)
     assert calls == [dt.timedelta(seconds=900)]
+
+
+def test_rank_0_holds_the_learner_groups_port_from_the_moment_it_picks_it(monkeypatch):
+    """The rendezvous is a TCP store rank 0 opens on a kernel-picked port and keeps: no other process can
+    take the port before the group forms (a port only found free, as before, could be taken in between, and
+    the other ranks then waited on a stranger's socket until the group's timeout)."""
+    import socket
+
+    import ray
+
+    from ragen_async.learner import actor
+
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "127.0.0.1")
+    shell = actor.LearnerActor.__ray_metadata__.modified_class
+    self = shell.__new__(shell)
+    self.cfg, self.world_size = load_config(None, ["learner.group_timeout_s=30"]), 2
+    address, port = shell.rendezvous(self)
+    assert address == "127.0.0.1" and port > 0
+    with socket.socket() as other, pytest.raises(OSError, match="in use"):
+        other.bind(("127.0.0.1", port))
+    del self._store
 
 
 # ---------------------------------------------------------------- the paper configs

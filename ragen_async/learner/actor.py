@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -25,21 +24,21 @@ from ragen_async.transport import CodecError, bind_address, make_receiver
 from ragen_async.weight_sync import RayActorsClient, RingBuffer, make_publisher
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
 def join_learner_group(cfg: RunConfig, backend: str, master_address: str, master_port: int, rank: int,
-                       world_size: int) -> None:
-    """Join the learner ranks' torch.distributed group. Its timeout is ``learner.group_timeout_s``, not the
-    weight sync's: on resume rank 0 reads a checkpoint of several GB (at 0.5B with fp32 masters and AdamW
-    state, about 16 GB) while the other ranks already wait in the collective that follows."""
+                       world_size: int, store=None) -> None:
+    """Join the learner ranks' torch.distributed group through rank 0's TCP store: rank 0 passes the
+    ``store`` it opened (:meth:`LearnerActor.rendezvous`), the others connect to ``master_address:master_port``.
+    Its timeout is ``learner.group_timeout_s``, not the weight sync's: on resume rank 0 reads a checkpoint of
+    several GB (at 0.5B with fp32 masters and AdamW state, about 16 GB) while the other ranks already wait in
+    the collective that follows."""
     import torch.distributed as dist
 
-    dist.init_process_group(backend, init_method=f"tcp://{master_address}:{master_port}", rank=rank,
-                            world_size=world_size, timeout=dt.timedelta(seconds=cfg.learner.group_timeout_s))
+    timeout = dt.timedelta(seconds=cfg.learner.group_timeout_s)
+    if store is None:
+        if rank == 0:
+            raise RuntimeError("learner rank 0 opens the group's rendezvous first (LearnerActor.rendezvous)")
+        store = dist.TCPStore(master_address, master_port, world_size, False, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 
 @ray.remote
@@ -60,6 +59,8 @@ class LearnerActor:
                                       max_message_bytes=int(self.cfg.transport.max_message_mb * 2**20))
         self.publisher = None
         self.ring: RingBuffer | None = None
+        self._store = None
+        """Rank 0: the learner group's rendezvous store (:meth:`rendezvous`)."""
 
     def _device(self) -> str:
         return "cuda" if self.cfg.learner.gpus_per_rank > 0 and torch.cuda.is_available() else "cpu"
@@ -69,8 +70,16 @@ class LearnerActor:
         return b if b != "auto" else ("nccl" if self._device() == "cuda" else "gloo")
 
     def rendezvous(self) -> tuple[str, int]:
-        """Rank 0: an address and a free port for the learner group's rendezvous."""
-        return ray.util.get_node_ip_address(), free_port()
+        """Rank 0: open the learner group's rendezvous, a TCP store on a port the kernel picks, held by this
+        actor until the group forms; returns its address and port. (A port found free here and bound only when
+        the group forms can be taken by another process in between; the other ranks would then wait on that
+        process's socket until the group's timeout.)"""
+        import torch.distributed as dist
+
+        address = ray.util.get_node_ip_address()
+        self._store = dist.TCPStore(address, 0, self.world_size, True, wait_for_workers=False,
+                                    timeout=dt.timedelta(seconds=self.cfg.learner.group_timeout_s))
+        return address, int(self._store.port)
 
     def shard_address(self) -> str:
         return self.receiver.address
@@ -78,7 +87,8 @@ class LearnerActor:
     def setup(self, master_address: str, master_port: int) -> int:
         """Join the learner group and build the model; returns the policy version."""
         if self.world_size > 1:
-            join_learner_group(self.cfg, self._backend(), master_address, master_port, self.rank, self.world_size)
+            join_learner_group(self.cfg, self._backend(), master_address, master_port, self.rank, self.world_size,
+                               store=self._store)
         self.learner = Learner(self.cfg, rank=self.rank, world_size=self.world_size, device=self._device())
         weights = self.learner.full_weights()  # every rank: a collective under FSDP; rank 0 gets them
         # What a ticket describes (names, shapes, dtypes), without the data.
