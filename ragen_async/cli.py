@@ -595,6 +595,9 @@ def report(
     throughput: Annotated[list[str] | None, typer.Option(
         help="K=GROUPS_PER_S from `bench pipeline` (K an integer or inf), repeatable: adds the equal-time "
         "table (minutes per budget, success at equal wall-clock)")] = None,
+    confirm: Annotated[bool, typer.Option(
+        "--confirm", help="add the confirmation's verdicts (studies/confirm/PREDICTIONS.md, each hypothesis held, "
+        "failed or pending)")] = False,
 ) -> None:
     """Write report.md, summary.csv and staleness/stability plots for runs or sweeps."""
     from ragen_async.bench.pipeline import parse_k
@@ -619,7 +622,7 @@ def report(
     target = out if out is not None else (paths[0] / "report" if len(paths) == 1 else Path("report"))
     try:
         result = write_report(paths, target, threshold=threshold, smooth=smooth, baselines=baselines,
-                              collapse_floor=collapse_floor, throughput=rates, references=references)
+                              collapse_floor=collapse_floor, throughput=rates, references=references, confirm=confirm)
     except ReportError as e:
         _fail(str(e))
     for warning in result.warnings:

@@ -1,0 +1,62 @@
+"""The confirmation's verdicts (``study.report.confirm``): each hypothesis of studies/confirm/PREDICTIONS.md decided
+on synthetic runs whose outcome is known, and pending while a cell lacks runs."""
+
+from __future__ import annotations
+
+from ragen_async.study.report import find_runs, summarize
+from ragen_async.study.report.confirm import confirm_section, verdicts
+
+SEEDS = (3, 4, 5)
+LEVEL = {(1e-4, "k0"): 0.45, (1e-4, "k2"): 0.42, (1e-4, "kinf"): 0.33,
+         (2e-4, "k0"): 0.45, (2e-4, "kinf"): 0.22, (2e-4, "controller"): 0.40}
+AGE = {"k0": 0.0, "k2": 1.8, "kinf": 10.0, "controller": 6.0}
+
+
+def _runs(root, make_run, cells=LEVEL, ess_fires_at=(7,)):
+    for (lr, cell), level in cells.items():
+        for seed in SEEDS:
+            k = {"k0": 0, "k2": 2}.get(cell)
+            staleness = {"max_staleness": k}
+            if cell == "controller":
+                staleness.update(adaptive=True, adaptive_engage_k=4)
+            noise = 0.01 * (seed - 4)
+            extra = {step: {"staleness/mean": AGE[cell], "throughput/groups_per_s": 2.0 + (k != 0) * 0.1 + noise / 10,
+                            "warning/stale_ess": float(cell == "kinf" and lr == 1e-4 and step in ess_fires_at)}
+                     for step in range(1, 21)}
+            make_run(root / f"lr{lr:g}-{cell}-s{seed}", k=k, seed=seed, extra=extra,
+                     val_curve=lambda step, total, v=level + noise: 0.36 if step == 0 else v,
+                     config={"staleness": staleness, "learner": {"actor_lr": lr}})
+    runs, _ = find_runs([root])
+    return runs, [summarize(r, collapse_floor=0.176) for r in runs]
+
+
+def test_each_prediction_is_decided_by_its_rule(tmp_path, make_run):
+    runs, summaries = _runs(tmp_path, make_run)
+    got = {v.name: v for v in verdicts(runs, summaries)}
+    assert [got[h].verdict for h in ("H1", "H2", "H3", "H4", "H5", "H6", "H7", "H8")] == [
+        "held", "held", "held", "held", "held", "held", "failed", "held"]
+    assert got["H1"].p < 0.05 and "per version" in got["H1"].statistic
+    assert got["H2"].statistic.startswith("+0.090")  # 0.42 - 0.33
+    assert got["H5"].statistic.startswith("+0.110")  # (0.45 - 0.22) - (0.45 - 0.33)
+    assert "(a) 0 of 3 fell" in got["H6"].statistic and "(c) mean M 0.400" in got["H6"].statistic
+    assert got["H7"].statistic.startswith("5.00 per 100 steps (3 in 60 steps")  # one firing per 20-step run
+    text = "\n".join(confirm_section(runs, summaries))
+    assert "| H7 |" in text and "failed" in text
+
+
+def test_a_cell_without_two_runs_leaves_its_predictions_pending(tmp_path, make_run):
+    cells = {key: level for key, level in LEVEL.items() if key[1] != "controller"}
+    runs, summaries = _runs(tmp_path, make_run, cells, ess_fires_at=())
+    got = {v.name: v.verdict for v in verdicts(runs, summaries)}
+    assert got["H6"] == "pending" and got["H7"] == "held" and got["H1"] == "held"
+
+
+def test_the_controller_fails_its_goal_when_a_run_falls(tmp_path, make_run):
+    runs, summaries = _runs(tmp_path, make_run)
+    fell = [s for s in summaries if "controller-s3" in s.name]
+    assert fell
+    from ragen_async.collapse import Collapse
+
+    fell[0].collapse = Collapse(True, 10, 0.40, 5, fell=10)
+    h6 = {v.name: v for v in verdicts(runs, summaries)}["H6"]
+    assert h6.verdict == "failed" and "(a) 1 of 3 fell" in h6.statistic
