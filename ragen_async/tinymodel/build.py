@@ -19,6 +19,9 @@
 
 ``ensure_tiny_model(out_dir, seed)`` builds only when ``out_dir`` lacks a complete build with the same
 cache key (a hash of the build config, the format version and a fingerprint of the env/prompt text).
+
+Its length (over the project's ~600 lines per module): tokenizer, corpus, model and SFT are one deterministic
+build under one cache key.
 """
 
 from __future__ import annotations
