@@ -49,6 +49,13 @@ def test_a_cell_without_two_runs_leaves_its_predictions_pending(tmp_path, make_r
     runs, summaries = _runs(tmp_path, make_run, cells, ess_fires_at=())
     got = {v.name: v.verdict for v in verdicts(runs, summaries)}
     assert got["H6"] == "pending" and got["H7"] == "held" and got["H1"] == "held"
+    # The study's seeds (0-2) never count: controller runs of seed 0 leave H6 pending.
+    for seed in (0, 1):
+        make_run(tmp_path / f"study-controller-s{seed}", k=None, seed=seed,
+                 config={"staleness": {"max_staleness": None, "adaptive": True, "adaptive_engage_k": 4},
+                         "learner": {"actor_lr": 2e-4}})
+    runs, _ = find_runs([tmp_path])
+    assert {v.name: v.verdict for v in verdicts(runs, [summarize(r, collapse_floor=0.176) for r in runs])}["H6"] == "pending"
 
 
 def test_the_controller_fails_its_goal_when_a_run_falls(tmp_path, make_run):

@@ -1,7 +1,8 @@
 """The confirmation's verdicts: each hypothesis of ``studies/confirm/PREDICTIONS.md`` decided on the runs given.
 
 The statistics, directions and decision rules are the prediction file's, fixed before the runs; this module only
-computes them. The runs are told apart by actor learning rate (1e-4, 2e-4) and cell: synchronous (k = 0), a bound
+computes them, on the confirmation's seeds (3, 4, 5) only. The runs are told apart by actor learning rate (1e-4,
+2e-4) and cell: synchronous (k = 0), a bound
 of 2, unbounded, and the staleness controller (``staleness.adaptive`` from unbounded). A hypothesis whose cells do
 not yet hold two finished runs each is ``pending``.
 """
@@ -27,6 +28,8 @@ ALARMS_PER_100 = 1.0
 SPEED_LIMIT = 1.15
 """H8: the upper end of the speed ratio's 95 % interval below this."""
 ALPHA = 0.05
+SEEDS = (3, 4, 5)
+"""The confirmation's seeds: runs of other seeds (the study's 0-2) never enter a verdict."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ class Verdict:
 
 
 def _cell(s: RunSummary) -> str | None:
-    if not s.finished or s.off_policy != "none":
+    if not s.finished or s.off_policy != "none" or s.seed not in SEEDS:
         return None
     if s.lag == "adaptive":
         return "controller" if s.k is None else None
