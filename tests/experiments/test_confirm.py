@@ -67,3 +67,9 @@ def test_the_controller_fails_its_goal_when_a_run_falls(tmp_path, make_run):
     fell[0].collapse = Collapse(True, 10, 0.40, 5, fell=10)
     h6 = {v.name: v for v in verdicts(runs, summaries)}["H6"]
     assert h6.verdict == "failed" and "(a) 1 of 3 fell" in h6.statistic
+    # A part that failed decides the goal before the unbounded cell has run; one that held waits for it.
+    alone = [s for s in summaries if "kinf" not in s.name or "lr0.0001" in s.name]
+    h6 = {v.name: v for v in verdicts(runs, alone)}["H6"]
+    assert h6.verdict == "failed" and "(b) mean age 6.00 against half the unbounded's (pending" in h6.statistic
+    fell[0].collapse = Collapse(False, None, 0.40, 5)
+    assert {v.name: v for v in verdicts(runs, alone)}["H6"].verdict == "pending"
