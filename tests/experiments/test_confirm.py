@@ -73,3 +73,24 @@ def test_the_controller_fails_its_goal_when_a_run_falls(tmp_path, make_run):
     assert h6.verdict == "failed" and "(b) mean age 6.00 against half the unbounded's (pending" in h6.statistic
     fell[0].collapse = Collapse(False, None, 0.40, 5)
     assert {v.name: v for v in verdicts(runs, alone)}["H6"].verdict == "pending"
+
+
+def test_the_figure_sets_the_confirmation_beside_the_studys_cells(tmp_path, make_run, monkeypatch):
+    from ragen_async.study.report import confirm
+
+    cells = {key: level for key, level in LEVEL.items() if key[0] == 2e-4}
+    _runs(tmp_path / "confirm", make_run, cells)
+    for seed in (0, 1, 2):  # the study's k = 4 cell at lr 2e-4: no confirmation run of it
+        make_run(tmp_path / "study" / f"k4-s{seed}", k=4, seed=seed, val_curve=lambda step, total: 0.38,
+                 config={"staleness": {"max_staleness": 4}, "learner": {"actor_lr": 2e-4}})
+    runs, _ = find_runs([tmp_path])
+    summaries = [summarize(r, collapse_floor=0.176) for r in runs]
+    saved = {}
+    monkeypatch.setattr(confirm, "save_figure", lambda fig, path: saved.setdefault(path.name, fig) and path)
+    assert confirm.plot_confirmation(summaries, tmp_path) == tmp_path / "confirmation.png"
+    (ax,) = saved["confirmation.png"].axes  # one panel: only lr 2e-4 has confirmation runs
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "4", "∞", "controller"]
+    points = {(round(float(x), 2), round(float(y), 3)) for coll in ax.collections for x, y in coll.get_offsets()}
+    assert (1 - 0.15, 0.38) in points  # the study's k = 4 runs, left of the tick
+    assert (3 + 0.15, 0.40) in points  # the controller's seed 4, right of it
+    assert confirm.plot_confirmation([s for s in summaries if s.seed in (0, 1, 2)], tmp_path) is None

@@ -185,8 +185,8 @@ def test_baselines_are_drawn_on_every_validation_plot(sweep_like, tmp_path, monk
     from ragen_async.study.report import figures
 
     saved = {}
-    real_save = figures._save
-    monkeypatch.setattr(figures, "_save", lambda fig, path: saved.setdefault(path.name, fig) and real_save(fig, path))
+    real_save = figures.save_figure
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path: saved.setdefault(path.name, fig) and real_save(fig, path))
     write_report([sweep_like], tmp_path / "out", baselines={"random": 0.211, "oracle": 1.0})
 
     def levels(ax):

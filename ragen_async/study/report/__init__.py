@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ragen_async.study.report import headline, tables
-from ragen_async.study.report.confirm import confirm_section
+from ragen_async.study.report.confirm import confirm_section, plot_confirmation
 from ragen_async.study.report.figures import plot_cells, plot_curves, plot_lag_sensitivity, plot_staleness_summary
 from ragen_async.study.report.runs import (
     MISSING,
@@ -104,6 +104,9 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
     lag_plot = plot_lag_sensitivity(summaries, reference_frames, out)
     if lag_plot is not None:
         plots.append(lag_plot)
+    confirm_plot = plot_confirmation(summaries, out) if confirm else None
+    if confirm_plot is not None:
+        plots.append(confirm_plot)
 
     sources = ", ".join(f"`{p}`" for p in paths)
     lines = [f"# {title or 'ragen_async report'}", "",
@@ -130,6 +133,8 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
         if lag_plot is not None:
             lines += ["", "## Beside the reference", "", f"References: {', '.join(sorted(reference_frames))}.", "",
                       f"![lag sensitivity]({lag_plot.name})"]
+        if confirm_plot is not None:
+            lines += ["", "## The confirmation beside the study", "", f"![confirmation]({confirm_plot.name})"]
         lines.append("")
     lines += ["## Runs", ""]
     for run, s in zip(runs, summaries, strict=True):

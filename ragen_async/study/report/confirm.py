@@ -12,11 +12,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from scipy import stats as scipy_stats
 
 from ragen_async.study import stats
+from ragen_async.study.report.figures import save_figure
 from ragen_async.study.report.runs import RunData
 from ragen_async.study.report.summary import RunSummary
 from ragen_async.study.report.tables import table
@@ -44,19 +46,24 @@ class Verdict:
     """``held``, ``failed`` or ``pending`` (not enough runs yet)."""
 
 
-def _cell(s: RunSummary) -> str | None:
-    if not s.finished or s.off_policy != "none" or s.seed not in SEEDS:
+STUDY_SEEDS = (0, 1, 2)
+"""The original study's seeds, drawn beside the confirmation's in its figure."""
+
+
+def _cell(s: RunSummary, seeds: Sequence[int]) -> str | None:
+    if not s.finished or s.off_policy != "none" or s.seed not in seeds:
         return None
     if s.lag == "adaptive":
         return "controller" if s.k is None else None
-    return {0: "k0", 2: "k2", None: "kinf"}.get(s.k) if s.lag == "bounded" else None
+    return None if s.lag != "bounded" else "kinf" if s.k is None else f"k{s.k}"
 
 
-def cells(summaries: Sequence[RunSummary]) -> dict[tuple[float, str], list[RunSummary]]:
-    """The confirmation's cells: (actor lr, ``k0`` | ``k2`` | ``kinf`` | ``controller``) -> finished runs."""
+def cells(summaries: Sequence[RunSummary], seeds: Sequence[int] = SEEDS) -> dict[tuple[float, str], list[RunSummary]]:
+    """The cells of ``seeds``' finished runs without correction: (actor lr, ``k<n>`` for a bound n | ``kinf``
+    (unbounded) | ``controller`` (the staleness controller from unbounded)) -> runs."""
     out: dict[tuple[float, str], list[RunSummary]] = {}
     for s in summaries:
-        cell = _cell(s)
+        cell = _cell(s, seeds)
         if cell is not None:
             out.setdefault((s.actor_lr_key, cell), []).append(s)
     return out
@@ -214,3 +221,48 @@ def confirm_section(runs: Sequence[RunData], summaries: Sequence[RunSummary]) ->
     if falls:
         lines += ["", "Falls at lr 2e-4 and the stale ESS warning before them:", "", *falls]
     return [*lines, ""]
+
+
+def _cell_order(cell: str) -> tuple[int, int]:
+    return (0, int(cell[1:])) if cell[1:].isdigit() else (1, 0) if cell == "kinf" else (2, 0)
+
+
+def plot_confirmation(summaries: Sequence[RunSummary], out: Path, lrs: Sequence[float] = (1e-4, 2e-4)) -> Path | None:
+    """The confirmation beside the original study: per step size a panel of M (mean validation success after
+    step 0) per cell, the study's seeds (0-2, hollow) left of the confirmation's (3-5, filled), each run a point
+    (a cross over it: the run fell), each cohort's cell mean with its 95 % interval. Cells: every bound either
+    cohort ran at that step size, unbounded and the controller. None without a confirmation run."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    new, old = cells(summaries), cells(summaries, STUDY_SEEDS)
+    panels = [lr for lr in lrs if any(key[0] == lr for key in new)]
+    if not panels:
+        return None
+    cohorts = (("study, seeds 0-2", old, "tab:gray", "none", -0.15), ("confirmation, seeds 3-5", new, "tab:blue", None, 0.15))
+    fig = Figure(figsize=(6 * len(panels), 4.2), layout="constrained")
+    for ax, lr in zip(np.atleast_1d(fig.subplots(1, len(panels))), panels, strict=True):
+        names = sorted({cell for c in (new, old) for (rate, cell) in c if rate == lr}, key=_cell_order)
+        for x, name in enumerate(names):
+            for _, c, color, face, offset in cohorts:
+                members = c.get((lr, name), [])
+                ys = [s.mean_val for s in members if math.isfinite(s.mean_val)]
+                if not ys:
+                    continue
+                ax.scatter([x + offset] * len(ys), ys, s=30, alpha=0.8, edgecolors=color,
+                           facecolors=face or color)
+                fell = [s.mean_val for s in members if s.collapse.fell is not None and math.isfinite(s.mean_val)]
+                ax.scatter([x + offset] * len(fell), fell, s=70, marker="x", color="tab:red")
+                mean, below, above = stats.error_bar(ys, 0.0, 1.0)
+                ax.errorbar([x + offset + 0.08 * np.sign(offset)], [mean], yerr=[[below], [above]], color=color,
+                            marker="_", markersize=14, capsize=4)
+        labels = {"kinf": "∞", "controller": "controller"}
+        ax.set_xticks(range(len(names)), [labels.get(n, n[1:]) for n in names])
+        ax.set(xlabel="max staleness k", ylabel="M: mean validation success after step 0",
+               title=f"actor lr {lr:.0e}".replace("e-0", "e-"), ylim=(0.0, None))
+        ax.grid(alpha=0.3)
+    handles = [Line2D([], [], color=color, marker="o", ls="", markerfacecolor=face or color, label=label)
+               for label, _, color, face, _ in cohorts]
+    handles.append(Line2D([], [], color="tab:red", marker="x", ls="", label="the run fell"))
+    fig.axes[-1].legend(handles=handles, fontsize=8, frameon=False, loc="best")
+    return save_figure(fig, out / "confirmation.png")

@@ -70,7 +70,7 @@ def _smooth(values: np.ndarray, window: int) -> np.ndarray:
     return (csum[idx] - csum[lo]) / (idx - lo)
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(fig)
@@ -141,7 +141,7 @@ def plot_curves(runs: Sequence[RunData], out: Path, smooth: int = 1,
                title=title + (f" (trailing mean over {smooth} steps)" if smooth > 1 and key else ""))
         ax.grid(alpha=0.3)
         _legend(ax, drawn, colors)
-        written.append(_save(fig, out / f"curves_{slug}.png"))
+        written.append(save_figure(fig, out / f"curves_{slug}.png"))
     return written
 
 
@@ -196,7 +196,7 @@ def plot_cells(runs: Sequence[RunData], summaries: Sequence[RunSummary], out: Pa
         _draw_baselines(ax, baselines)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, frameon=False, loc="best")
-    return _save(fig, out / "cells_val_success.png")
+    return save_figure(fig, out / "cells_val_success.png")
 
 
 SUMMARY_PANELS = (("final_val", "final validation success", (0.0, 1.0)),
@@ -270,7 +270,7 @@ def plot_staleness_summary(summaries: Sequence[RunSummary], out: Path) -> Path |
                       markerfacecolor=_face(group_color[(m, lr)], lag), label=legend(m, lag, lr))
                for m, lag, lr in groups]
     axes[-1].legend(handles=handles, fontsize=8, frameon=False, loc="best")
-    return _save(fig, out / "staleness_stability.png")
+    return save_figure(fig, out / "staleness_stability.png")
 
 
 
@@ -319,4 +319,4 @@ def plot_lag_sensitivity(summaries: Sequence[RunSummary], references: dict[str, 
            title="final success vs measured lag, beside the reference")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, frameon=False, loc="best")
-    return _save(fig, out / "lag_sensitivity.png")
+    return save_figure(fig, out / "lag_sensitivity.png")
