@@ -9,13 +9,14 @@ from ragen_async.study.report.confirm import confirm_section, verdicts
 SEEDS = (3, 4, 5)
 LEVEL = {(1e-4, "k0"): 0.45, (1e-4, "k2"): 0.42, (1e-4, "kinf"): 0.33,
          (2e-4, "k0"): 0.45, (2e-4, "kinf"): 0.22, (2e-4, "controller"): 0.40}
-AGE = {"k0": 0.0, "k2": 1.8, "kinf": 10.0, "controller": 6.0}
+AGE = {"k0": 0.0, "k2": 1.8, "k4": 3.5, "kinf": 10.0, "controller": 6.0}
 
 
-def _runs(root, make_run, cells=LEVEL, ess_fires_at=(7,)):
+def _runs(root, make_run, cells=LEVEL, ess_fires_at=(7,), task="SimpleSokoban", falls=()):
+    """Runs of ``cells`` on ``task``, seeds 3-5; the runs named in ``falls`` (cell, seed) drop to 0.1 from step 10."""
     for (lr, cell), level in cells.items():
         for seed in SEEDS:
-            k = {"k0": 0, "k2": 2}.get(cell)
+            k = {"k0": 0, "k2": 2, "k4": 4}.get(cell)
             staleness = {"max_staleness": k}
             if cell == "controller":
                 staleness.update(adaptive=True, adaptive_engage_k=4)
@@ -23,8 +24,9 @@ def _runs(root, make_run, cells=LEVEL, ess_fires_at=(7,)):
             extra = {step: {"staleness/mean": AGE[cell], "throughput/groups_per_s": 2.0 + (k != 0) * 0.1 + noise / 10,
                             "warning/stale_ess": float(cell == "kinf" and lr == 1e-4 and step in ess_fires_at)}
                      for step in range(1, 21)}
-            make_run(root / f"lr{lr:g}-{cell}-s{seed}", k=k, seed=seed, extra=extra,
-                     val_curve=lambda step, total, v=level + noise: 0.36 if step == 0 else v,
+            drop = (cell, seed) in falls
+            make_run(root / f"{task}-lr{lr:g}-{cell}-s{seed}", k=k, seed=seed, extra=extra, envs=(task,),
+                     val_curve=lambda step, total, v=level + noise, d=drop: 0.36 if step == 0 else 0.1 if d and step >= 10 else v,
                      config={"staleness": staleness, "learner": {"actor_lr": lr}})
     runs, _ = find_runs([root])
     return runs, [summarize(r, collapse_floor=0.176) for r in runs]
@@ -59,20 +61,50 @@ def test_a_cell_without_two_runs_leaves_its_predictions_pending(tmp_path, make_r
 
 
 def test_the_controller_fails_its_goal_when_a_run_falls(tmp_path, make_run):
-    runs, summaries = _runs(tmp_path, make_run)
-    fell = [s for s in summaries if "controller-s3" in s.name]
-    assert fell
-    from ragen_async.collapse import Collapse
-
-    fell[0].collapse = Collapse(True, 10, 0.40, 5, fell=10)
+    runs, summaries = _runs(tmp_path, make_run, falls=[("controller", 3)])
     h6 = {v.name: v for v in verdicts(runs, summaries)}["H6"]
     assert h6.verdict == "failed" and "(a) 1 of 3 fell" in h6.statistic
+    assert any("controller-s3 (SimpleSokoban, controller): fell at step 10" in line for line in confirm_section(runs, summaries))
     # A part that failed decides the goal before the unbounded cell has run; one that held waits for it.
     alone = [s for s in summaries if "kinf" not in s.name or "lr0.0001" in s.name]
     h6 = {v.name: v for v in verdicts(runs, alone)}["H6"]
     assert h6.verdict == "failed" and "(b) mean age 6.00 against half the unbounded's (pending" in h6.statistic
-    fell[0].collapse = Collapse(False, None, 0.40, 5)
+    runs, summaries = _runs(tmp_path / "again", make_run)
+    alone = [s for s in summaries if "kinf" not in s.name or "lr0.0001" in s.name]
     assert {v.name: v for v in verdicts(runs, alone)}["H6"].verdict == "pending"
+
+
+def test_falls_use_the_predictions_floor_not_the_reports(tmp_path, make_run):
+    # A drop from 0.40 to 0.25 is below half-way from 0.176 to 0.40 (0.288, Sokoban's floor) but above half of 0.40 (floor 0).
+    runs, _ = _runs(tmp_path, make_run, {(2e-4, "controller"): 0.40})
+    for run in runs:
+        run.val = [{**v, "val/success": 0.25} if v["learner/step"] >= 10 else v for v in run.val]
+    summaries = [summarize(r, collapse_floor=0.0) for r in runs]  # the report's floor: no fall
+    assert all(s.collapse.fell is None for s in summaries)
+    assert "(a) 3 of 3 fell" in {v.name: v for v in verdicts(runs, summaries)}["H6"].statistic
+
+
+FL = {(1e-4, "k0"): 0.33, (1e-4, "k4"): 0.30, (1e-4, "kinf"): 0.25, (1e-4, "controller"): 0.31}
+
+
+def test_frozen_lake_is_decided_apart_and_its_gate_comes_first(tmp_path, make_run):
+    # Sokoban runs only: F0-F4 pending. FrozenLake runs never enter H1-H8.
+    runs, summaries = _runs(tmp_path / "sokoban", make_run)
+    got = {v.name: v for v in verdicts(runs, summaries)}
+    assert [got[f].verdict for f in ("F0", "F1", "F2", "F3", "F4")] == ["pending"] * 5
+    runs, summaries = _runs(tmp_path / "fl", make_run, FL, task="FrozenLake", ess_fires_at=())
+    got = {v.name: v for v in verdicts(runs, summaries)}
+    assert all(got[h].verdict == "pending" for h in ("H1", "H2", "H6", "H8"))
+    # Gain: the last two validations (0.33 +- noise) over step 0 (0.36): below the gate, which fails.
+    assert got["F0"].verdict == "failed" and got["F0"].statistic.startswith("mean gain -0.030")
+    assert [got[f].verdict for f in ("F1", "F2", "F3", "F4")] == ["not run"] * 4
+    # Above the gate, the rest are decided on FrozenLake's cells.
+    lifted = {key: level + 0.2 for key, level in FL.items()}
+    runs, summaries = _runs(tmp_path / "fl2", make_run, lifted, task="FrozenLake", ess_fires_at=())
+    got = {v.name: v for v in verdicts(runs, summaries)}
+    assert got["F0"].verdict == "held" and got["F0"].statistic.startswith("mean gain +0.170")
+    assert [got[f].verdict for f in ("F1", "F2", "F3", "F4")] == ["held", "held", "held", "held"]
+    assert "mean M 0.510 against the k = 4 cell 0.500" in got["F3"].statistic
 
 
 def test_the_figure_sets_the_confirmation_beside_the_studys_cells(tmp_path, make_run, monkeypatch):
@@ -82,15 +114,17 @@ def test_the_figure_sets_the_confirmation_beside_the_studys_cells(tmp_path, make
     _runs(tmp_path / "confirm", make_run, cells)
     for seed in (0, 1, 2):  # the study's k = 4 cell at lr 2e-4: no confirmation run of it
         make_run(tmp_path / "study" / f"k4-s{seed}", k=4, seed=seed, val_curve=lambda step, total: 0.38,
+                 envs=("SimpleSokoban",),
                  config={"staleness": {"max_staleness": 4}, "learner": {"actor_lr": 2e-4}})
     runs, _ = find_runs([tmp_path])
     summaries = [summarize(r, collapse_floor=0.176) for r in runs]
     saved = {}
     monkeypatch.setattr(confirm, "save_figure", lambda fig, path: saved.setdefault(path.name, fig) and path)
-    assert confirm.plot_confirmation(summaries, tmp_path) == tmp_path / "confirmation.png"
-    (ax,) = saved["confirmation.png"].axes  # one panel: only lr 2e-4 has confirmation runs
+    assert confirm.plot_confirmation(runs, summaries, tmp_path) == tmp_path / "confirmation.png"
+    (ax,) = saved["confirmation.png"].axes  # one panel: only Sokoban at lr 2e-4 has confirmation runs
+    assert ax.get_title() == "SimpleSokoban, actor lr 2e-4"
     assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "4", "∞", "controller"]
     points = {(round(float(x), 2), round(float(y), 3)) for coll in ax.collections for x, y in coll.get_offsets()}
     assert (1 - 0.15, 0.38) in points  # the study's k = 4 runs, left of the tick
     assert (3 + 0.15, 0.40) in points  # the controller's seed 4, right of it
-    assert confirm.plot_confirmation([s for s in summaries if s.seed in (0, 1, 2)], tmp_path) is None
+    assert confirm.plot_confirmation(runs, [s for s in summaries if s.seed in (0, 1, 2)], tmp_path) is None

@@ -104,7 +104,7 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
     lag_plot = plot_lag_sensitivity(summaries, reference_frames, out)
     if lag_plot is not None:
         plots.append(lag_plot)
-    confirm_plot = plot_confirmation(summaries, out) if confirm else None
+    confirm_plot = plot_confirmation(runs, summaries, out) if confirm else None
     if confirm_plot is not None:
         plots.append(confirm_plot)
 

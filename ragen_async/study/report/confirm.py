@@ -1,10 +1,10 @@
 """The confirmation's verdicts: each hypothesis of ``studies/confirm/PREDICTIONS.md`` decided on the runs given.
 
 The statistics, directions and decision rules are the prediction file's, fixed before the runs; this module only
-computes them, on the confirmation's seeds (3, 4, 5) only. The runs are told apart by actor learning rate (1e-4,
-2e-4) and cell: synchronous (k = 0), a bound
-of 2, unbounded, and the staleness controller (``staleness.adaptive`` from unbounded). A hypothesis whose cells do
-not yet hold two finished runs each is ``pending``.
+computes them, on the confirmation's seeds (3, 4, 5) only. The runs are told apart by task (the validation
+environment: Sokoban for H1-H8, FrozenLake for F0-F4), actor learning rate (1e-4, 2e-4) and cell: a bound k
+(``k0``, ``k2``, ``k4``), unbounded (``kinf``), and the staleness controller (``staleness.adaptive`` from
+unbounded). A hypothesis whose cells do not yet hold two finished runs each is ``pending``.
 """
 
 from __future__ import annotations
@@ -17,21 +17,31 @@ from pathlib import Path
 import numpy as np
 from scipy import stats as scipy_stats
 
+from ragen_async.collapse import find_collapse
 from ragen_async.study import stats
 from ragen_async.study.report.figures import save_figure
 from ragen_async.study.report.runs import RunData
 from ragen_async.study.report.summary import RunSummary
 from ragen_async.study.report.tables import table
 
+SOKOBAN, FROZEN_LAKE = "SimpleSokoban", "FrozenLake"
+"""The tasks, by validation environment: H1-H8 are decided on Sokoban runs, F0-F4 on FrozenLake runs."""
+FLOORS = {SOKOBAN: 0.176, FROZEN_LAKE: 0.0}
+"""Per task, the floor of the fall rule (PREDICTIONS.md, "Fell"): the verdicts use it whatever the report's
+``--collapse-floor``."""
 K4_LR2E4_MEAN_VAL = 0.3753
 """H6 (c): the study's lr 2e-4 k = 4 cell, mean M over seeds 0-2 (PREDICTIONS.md)."""
 ALARMS_PER_100 = 1.0
-"""H7: at most this many ``stale_ess`` warnings per 100 learner steps."""
+"""H7, F4: at most this many ``stale_ess`` warnings per 100 learner steps."""
 SPEED_LIMIT = 1.15
 """H8: the upper end of the speed ratio's 95 % interval below this."""
+GATE_GAIN = 0.08
+"""F0: the k = 0 cell's mean gain (last two validations over step 0) at least this."""
 ALPHA = 0.05
 SEEDS = (3, 4, 5)
 """The confirmation's seeds: runs of other seeds (the study's 0-2) never enter a verdict."""
+STUDY_SEEDS = (0, 1, 2)
+"""The original study's seeds, drawn beside the confirmation's in its figure."""
 
 
 @dataclass(frozen=True)
@@ -43,27 +53,24 @@ class Verdict:
     p: float
     """One-sided p in the predicted direction (NaN for the threshold rules)."""
     verdict: str
-    """``held``, ``failed`` or ``pending`` (not enough runs yet)."""
+    """``held``, ``failed``, ``pending`` (not enough runs yet) or ``not run`` (F1-F4 when the gate F0 failed)."""
 
 
-STUDY_SEEDS = (0, 1, 2)
-"""The original study's seeds, drawn beside the confirmation's in its figure."""
-
-
-def _cell(s: RunSummary, seeds: Sequence[int]) -> str | None:
-    if not s.finished or s.off_policy != "none" or s.seed not in seeds:
+def _cell(s: RunSummary, seeds: Sequence[int], task: str) -> str | None:
+    if not s.finished or s.off_policy != "none" or s.seed not in seeds or task not in s.val:
         return None
     if s.lag == "adaptive":
         return "controller" if s.k is None else None
     return None if s.lag != "bounded" else "kinf" if s.k is None else f"k{s.k}"
 
 
-def cells(summaries: Sequence[RunSummary], seeds: Sequence[int] = SEEDS) -> dict[tuple[float, str], list[RunSummary]]:
-    """The cells of ``seeds``' finished runs without correction: (actor lr, ``k<n>`` for a bound n | ``kinf``
-    (unbounded) | ``controller`` (the staleness controller from unbounded)) -> runs."""
+def cells(summaries: Sequence[RunSummary], seeds: Sequence[int] = SEEDS, task: str = SOKOBAN
+          ) -> dict[tuple[float, str], list[RunSummary]]:
+    """The cells of ``seeds``' finished runs on ``task`` without correction: (actor lr, ``k<n>`` for a bound n |
+    ``kinf`` (unbounded) | ``controller`` (the staleness controller from unbounded)) -> runs."""
     out: dict[tuple[float, str], list[RunSummary]] = {}
     for s in summaries:
-        cell = _cell(s, seeds)
+        cell = _cell(s, seeds, task)
         if cell is not None:
             out.setdefault((s.actor_lr_key, cell), []).append(s)
     return out
@@ -105,104 +112,166 @@ def _warnings(run: RunData, signal: str = "stale_ess") -> tuple[np.ndarray, int]
     return steps[fired > 0].astype(int), int(steps.size)
 
 
-def verdicts(runs: Sequence[RunData], summaries: Sequence[RunSummary], lo: float = 1e-4, hi: float = 2e-4) -> list[Verdict]:
-    c = cells(summaries)
-    by_name = {r.name: r for r in runs}
+def fell_at(run: RunData, task: str) -> int | None:
+    """The step a run fell at by PREDICTIONS.md's rule with its task's floor (``FLOORS``); None: it did not."""
+    return find_collapse(*run.val_success(), floor=FLOORS[task]).fell
 
-    def have(*keys: tuple[float, str]) -> bool:
-        return all(len(c.get(k, [])) >= 2 for k in keys)
 
-    def m(key: tuple[float, str]) -> list[float]:
-        return [s.mean_val for s in c[key]]
+def gain(run: RunData) -> float:
+    """F0's Gain: the mean of the run's last two validations minus its first (step 0)."""
+    _, values = run.val_success()
+    return float(values[-2:].mean() - values[0]) if values.size >= 3 else math.nan
 
-    out: list[Verdict] = []
 
-    def add(name: str, claim: str, ready: bool, compute) -> None:
-        if not ready:
-            out.append(Verdict(name, claim, "—", math.nan, "pending"))
-            return
-        text, p, held = compute()
-        out.append(Verdict(name, claim, text, p, "pending" if held is None else "held" if held else "failed"))
+def _slope(members: Sequence[RunSummary]) -> tuple[str, float, bool]:
+    fit = scipy_stats.linregress([s.staleness_mean for s in members], [s.mean_val for s in members])
+    p = fit.pvalue / 2 if fit.slope < 0 else 1 - fit.pvalue / 2
+    t = scipy_stats.t.ppf(0.975, len(members) - 2)
+    return (f"slope {fit.slope:+.4f} per version [{fit.slope - t * fit.stderr:+.4f}, "
+            f"{fit.slope + t * fit.stderr:+.4f}], {len(members)} runs", p, p < ALPHA)
 
-    def h1():
-        runs1 = [s for cell in ("k0", "k2", "kinf") for s in c[(lo, cell)]]
-        fit = scipy_stats.linregress([s.staleness_mean for s in runs1], [s.mean_val for s in runs1])
-        p = fit.pvalue / 2 if fit.slope < 0 else 1 - fit.pvalue / 2
-        t = scipy_stats.t.ppf(0.975, len(runs1) - 2)
-        return (f"slope {fit.slope:+.4f} per version [{fit.slope - t * fit.stderr:+.4f}, "
-                f"{fit.slope + t * fit.stderr:+.4f}], {len(runs1)} runs", p, p < ALPHA)
 
-    def welch(a: tuple[float, str], b: tuple[float, str]):
+def _controller_goal(ctrl: Sequence[RunSummary], unb: Sequence[RunSummary], m_ref: float, m_ref_name: str,
+                     falls: dict[str, int | None]) -> tuple[str, float, bool | None]:
+    """H6 and F3: (a) no controller run fell, (b) its mean age at least half the unbounded cell's, (c) its mean M
+    at least ``m_ref``; one part failed decides, all three held meet the goal, else it waits (None)."""
+    fell = sum(falls[s.name] is not None for s in ctrl)
+    age = float(np.mean([s.staleness_mean for s in ctrl]))
+    val = float(np.mean([s.mean_val for s in ctrl]))
+    half = float(np.mean([s.staleness_mean for s in unb])) / 2 if len(unb) >= 2 else math.nan
+    ref = m_ref if math.isfinite(m_ref) else None
+    parts = {"a": fell == 0, "b": None if math.isnan(half) else age >= half, "c": None if ref is None else val >= ref}
+    text = (f"(a) {fell} of {len(ctrl)} fell; (b) mean age {age:.2f} against half the unbounded's "
+            + (f"{half:.2f}" if not math.isnan(half) else "(pending: no unbounded cell yet)")
+            + f"; (c) mean M {val:.3f} against {m_ref_name} "
+            + (f"{ref:.3f}" if ref is not None else "(pending)") + ": "
+            + ", ".join(f"({n}) {'pending' if ok is None else 'held' if ok else 'failed'}" for n, ok in parts.items()))
+    return text, math.nan, False if False in parts.values() else True if all(parts.values()) else None
+
+
+def _alarm_rate(quiet: Sequence[RunSummary], by_name: dict[str, RunData]) -> tuple[str, float, bool]:
+    """H7 and F4: ``stale_ess`` warnings per 100 steps over runs that did not fall."""
+    fired = watched = 0
+    for s in quiet:
+        steps, n = _warnings(by_name[s.name])
+        fired, watched = fired + steps.size, watched + n
+    rate = 100 * fired / watched if watched else math.nan
+    return (f"{rate:.2f} per 100 steps ({fired} in {watched} steps of {len(quiet)} runs that did not fall)",
+            math.nan, rate <= ALARMS_PER_100)
+
+
+class _Decider:
+    """Collects verdicts: a hypothesis whose cells lack two finished runs each is pending."""
+
+    def __init__(self, c: dict[tuple[float, str], list[RunSummary]]):
+        self.c, self.out = c, []
+
+    def have(self, *keys: tuple[float, str]) -> bool:
+        return all(len(self.c.get(k, [])) >= 2 for k in keys)
+
+    def m(self, key: tuple[float, str]) -> list[float]:
+        return [s.mean_val for s in self.c[key]]
+
+    def add(self, name: str, claim: str, ready: bool, compute, skip: str | None = None) -> None:
+        if skip is not None:
+            self.out.append(Verdict(name, claim, skip, math.nan, "not run"))
+        elif not ready:
+            self.out.append(Verdict(name, claim, "—", math.nan, "pending"))
+        else:
+            text, p, held = compute()
+            self.out.append(Verdict(name, claim, text, p, "pending" if held is None else "held" if held else "failed"))
+
+    def welch(self, a: tuple[float, str], b: tuple[float, str]):
         def compute():
-            d, low, high, p = _welch_greater(m(a), m(b))
+            d, low, high, p = _welch_greater(self.m(a), self.m(b))
             return f"{d:+.3f} [{low:+.3f}, {high:+.3f}]", p, p < ALPHA
         return compute
 
+
+def verdicts(runs: Sequence[RunData], summaries: Sequence[RunSummary], lo: float = 1e-4, hi: float = 2e-4) -> list[Verdict]:
+    """H1-H8 on the Sokoban runs, then F0-F4 on the FrozenLake runs (:func:`frozen_lake_verdicts`)."""
+    c = cells(summaries)
+    by_name = {r.name: r for r in runs}
+    falls = {s.name: fell_at(by_name[s.name], SOKOBAN) for members in c.values() for s in members}
+    d = _Decider(c)
+
     def h5():
-        d, low, high, p = _gap_of_gaps(c, lo, hi)
-        return f"{d:+.3f} [{low:+.3f}, {high:+.3f}]", p, p < ALPHA
-
-    def h6():
-        ctrl, unb = c[(hi, "controller")], c.get((hi, "kinf"), [])
-        fell = sum(s.collapse.fell is not None for s in ctrl)
-        age = float(np.mean([s.staleness_mean for s in ctrl]))
-        val = float(np.mean([s.mean_val for s in ctrl]))
-        half = float(np.mean([s.staleness_mean for s in unb])) / 2 if len(unb) >= 2 else math.nan
-        parts = {"a": fell == 0, "b": None if math.isnan(half) else age >= half, "c": val >= K4_LR2E4_MEAN_VAL}
-        text = (f"(a) {fell} of {len(ctrl)} fell; (b) mean age {age:.2f} against half the unbounded's "
-                + (f"{half:.2f}" if not math.isnan(half) else "(pending: no unbounded cell yet)")
-                + f"; (c) mean M {val:.3f} against {K4_LR2E4_MEAN_VAL:.3f}: "
-                + ", ".join(f"({n}) {'pending' if ok is None else 'held' if ok else 'failed'}" for n, ok in parts.items()))
-        # One part failed decides the goal; all three held meet it; otherwise it waits for the unbounded cell.
-        return text, math.nan, False if False in parts.values() else True if all(parts.values()) else None
-
-    def h7():
-        quiet = [s for s in c[(lo, "kinf")] if s.collapse.fell is None]
-        fired = watched = 0
-        for s in quiet:
-            steps, n = _warnings(by_name[s.name])
-            fired, watched = fired + steps.size, watched + n
-        rate = 100 * fired / watched if watched else math.nan
-        return (f"{rate:.2f} per 100 steps ({fired} in {watched} steps of {len(quiet)} runs that did not fall)",
-                math.nan, rate <= ALARMS_PER_100)
+        diff, low, high, p = _gap_of_gaps(c, lo, hi)
+        return f"{diff:+.3f} [{low:+.3f}, {high:+.3f}]", p, p < ALPHA
 
     def h8():
         stale = [s.groups_per_s for cell in ("k2", "kinf") for s in c[(lo, cell)]]
         r, low, high = _ratio(stale, [s.groups_per_s for s in c[(lo, "k0")]])
         return f"{r:.2f}× [{low:.2f}, {high:.2f}]", math.nan, high < SPEED_LIMIT
 
-    add("H1", "staleness costs success at lr 1e-4 (slope of M on age < 0)", have(*((lo, x) for x in ("k0", "k2", "kinf"))), h1)
-    add("H2", "the cost grows with age: M(k = 2) > M(unbounded), lr 1e-4", have((lo, "k2"), (lo, "kinf")),
-        welch((lo, "k2"), (lo, "kinf")))
-    add("H3", "any staleness costs: M(k = 0) > M(k = 2), lr 1e-4", have((lo, "k0"), (lo, "k2")), welch((lo, "k0"), (lo, "k2")))
-    add("H4", "at lr 2e-4 M(k = 0) > M(unbounded)", have((hi, "k0"), (hi, "kinf")), welch((hi, "k0"), (hi, "kinf")))
-    add("H5", "the step size steepens the gap: [M(k = 0) - M(unbounded)] at 2e-4 minus at 1e-4 > 0",
-        have(*((lr, x) for lr in (lo, hi) for x in ("k0", "kinf"))), h5)
-    add("H6", "the controller at lr 2e-4: none falls, age ≥ half the unbounded's, M ≥ the k = 4 cell's",
-        have((hi, "controller")), h6)
-    add("H7", f"stale_ess fires at most {ALARMS_PER_100:g} per 100 steps on lr 1e-4 unbounded runs that did not fall",
-        have((lo, "kinf")), h7)
-    add("H8", f"asynchrony's speed-up at lr 1e-4 (k = 2 and unbounded over k = 0) below {SPEED_LIMIT}× (upper end)",
-        have((lo, "k0"), (lo, "k2"), (lo, "kinf")), h8)
-    return out
+    d.add("H1", "staleness costs success at lr 1e-4 (slope of M on age < 0)", d.have(*((lo, x) for x in ("k0", "k2", "kinf"))),
+          lambda: _slope([s for cell in ("k0", "k2", "kinf") for s in c[(lo, cell)]]))
+    d.add("H2", "the cost grows with age: M(k = 2) > M(unbounded), lr 1e-4", d.have((lo, "k2"), (lo, "kinf")),
+          d.welch((lo, "k2"), (lo, "kinf")))
+    d.add("H3", "any staleness costs: M(k = 0) > M(k = 2), lr 1e-4", d.have((lo, "k0"), (lo, "k2")), d.welch((lo, "k0"), (lo, "k2")))
+    d.add("H4", "at lr 2e-4 M(k = 0) > M(unbounded)", d.have((hi, "k0"), (hi, "kinf")), d.welch((hi, "k0"), (hi, "kinf")))
+    d.add("H5", "the step size steepens the gap: [M(k = 0) - M(unbounded)] at 2e-4 minus at 1e-4 > 0",
+          d.have(*((lr, x) for lr in (lo, hi) for x in ("k0", "kinf"))), h5)
+    d.add("H6", "the controller at lr 2e-4: none falls, age ≥ half the unbounded's, M ≥ the k = 4 cell's",
+          d.have((hi, "controller")), lambda: _controller_goal(
+              c[(hi, "controller")], c.get((hi, "kinf"), []), K4_LR2E4_MEAN_VAL, "the study's k = 4 cell", falls))
+    d.add("H7", f"stale_ess fires at most {ALARMS_PER_100:g} per 100 steps on lr 1e-4 unbounded runs that did not fall",
+          d.have((lo, "kinf")), lambda: _alarm_rate([s for s in c[(lo, "kinf")] if falls[s.name] is None], by_name))
+    d.add("H8", f"asynchrony's speed-up at lr 1e-4 (k = 2 and unbounded over k = 0) below {SPEED_LIMIT}× (upper end)",
+          d.have((lo, "k0"), (lo, "k2"), (lo, "kinf")), h8)
+    return d.out + frozen_lake_verdicts(runs, summaries, lo)
 
 
-def leads(runs: Sequence[RunData], summaries: Sequence[RunSummary], hi: float = 2e-4) -> list[str]:
-    """For each lr 2e-4 unbounded or controller run that fell: the steps from its first ``stale_ess`` warning to
-    the fall (none if the first warning came at or after it)."""
+def frozen_lake_verdicts(runs: Sequence[RunData], summaries: Sequence[RunSummary], lr: float = 1e-4) -> list[Verdict]:
+    """F0 (the gate: the k = 0 cell's mean gain at least ``GATE_GAIN``), then F1-F4 (``not run`` if it failed)."""
+    c = cells(summaries, task=FROZEN_LAKE)
+    by_name = {r.name: r for r in runs}
+    falls = {s.name: fell_at(by_name[s.name], FROZEN_LAKE) for members in c.values() for s in members}
+    d = _Decider(c)
+    sync = c.get((lr, "k0"), [])
+
+    def f0():
+        gains = [gain(by_name[s.name]) for s in sync]
+        mean, low, high, _ = stats.bounds(gains)
+        held = mean >= GATE_GAIN if len(sync) == len(SEEDS) else None if mean >= GATE_GAIN else False
+        return f"mean gain {mean:+.3f} [{low:+.3f}, {high:+.3f}] over {len(gains)} runs", math.nan, held
+
+    d.add("F0", f"the gate: StarPO-S gains at least +{GATE_GAIN:g} on FrozenLake at k = 0 (last two validations "
+          "over step 0)", d.have((lr, "k0")), f0)
+    skip = "the gate F0 failed" if d.out[-1].verdict == "failed" else None
+    d.add("F1", "staleness costs success on FrozenLake (slope of M on age < 0)",
+          d.have(*((lr, x) for x in ("k0", "k4", "kinf"))),
+          lambda: _slope([s for cell in ("k0", "k4", "kinf") for s in c[(lr, cell)]]), skip)
+    d.add("F2", "the cost grows with age: M(k = 4) > M(unbounded), FrozenLake", d.have((lr, "k4"), (lr, "kinf")),
+          d.welch((lr, "k4"), (lr, "kinf")), skip)
+    d.add("F3", "the controller on FrozenLake: none falls, age ≥ half the unbounded's, M ≥ the k = 4 cell's",
+          d.have((lr, "controller")), lambda: _controller_goal(
+              c[(lr, "controller")], c.get((lr, "kinf"), []),
+              float(np.mean(d.m((lr, "k4")))) if d.have((lr, "k4")) else math.nan, "the k = 4 cell", falls), skip)
+    d.add("F4", f"stale_ess fires at most {ALARMS_PER_100:g} per 100 steps on FrozenLake's unbounded runs that did not fall",
+          d.have((lr, "kinf")), lambda: _alarm_rate([s for s in c[(lr, "kinf")] if falls[s.name] is None], by_name), skip)
+    return d.out
+
+
+def leads(runs: Sequence[RunData], summaries: Sequence[RunSummary], watched: Sequence[tuple[str, float]] = (
+        (SOKOBAN, 2e-4), (FROZEN_LAKE, 1e-4))) -> list[str]:
+    """For each unbounded or controller run that fell, on the (task, actor lr) pairs ``watched``: the steps from
+    its first ``stale_ess`` warning to the fall (none if the first warning came at or after it)."""
     by_name = {r.name: r for r in runs}
     lines = []
-    for (lr, cell), members in sorted(cells(summaries).items()):
-        if lr != hi or cell not in ("kinf", "controller"):
-            continue
-        for s in members:
-            if s.collapse.fell is None:
+    for task, rate in watched:
+        for (lr, cell), members in sorted(cells(summaries, task=task).items()):
+            if lr != rate or cell not in ("kinf", "controller"):
                 continue
-            steps, _ = _warnings(by_name[s.name])
-            before = steps[steps < s.collapse.fell]
-            lead = f"{s.collapse.fell - before.min()} steps" if before.size else "none (first warning at or after it)"
-            lines.append(f"- {s.name} ({cell}): fell at step {s.collapse.fell}; stale_ess warned first at "
-                         f"{steps.min() if steps.size else '—'}: lead {lead}")
+            for s in members:
+                fell = fell_at(by_name[s.name], task)
+                if fell is None:
+                    continue
+                steps, _ = _warnings(by_name[s.name])
+                before = steps[steps < fell]
+                lead = f"{fell - before.min()} steps" if before.size else "none (first warning at or after it)"
+                lines.append(f"- {s.name} ({task}, {cell}): fell at step {fell}; stale_ess warned first at "
+                             f"{steps.min() if steps.size else '—'}: lead {lead}")
     return lines
 
 
@@ -210,16 +279,19 @@ def confirm_section(runs: Sequence[RunData], summaries: Sequence[RunSummary]) ->
     """The report's section: each hypothesis, its statistic with its interval, one-sided p, and verdict."""
     rows = [[v.name, v.claim, v.statistic, "—" if math.isnan(v.p) else f"{v.p:.3f}", v.verdict]
             for v in verdicts(runs, summaries)]
-    c = cells(summaries)
-    counts = ", ".join(f"{cell} at {lr:g}: {len(members)}" for (lr, cell), members in sorted(c.items()))
+    counts = "; ".join(f"{task}: " + ", ".join(f"{cell} at {lr:g}: {len(members)}" for (lr, cell), members in sorted(c.items()))
+                       for task in (SOKOBAN, FROZEN_LAKE) if (c := cells(summaries, task=task)))
     lines = ["## The confirmation's predictions (studies/confirm/PREDICTIONS.md)", "",
              f"Finished runs per cell: {counts or 'none'}. p: one-sided, in the predicted direction; held when "
-             f"p < {ALPHA} (H1-H5), or when the threshold rule holds (H6-H8). Pending: a cell has fewer than two "
-             "finished runs.", ""]
+             f"p < {ALPHA} (H1-H5, F1, F2), or when the threshold rule holds (H6-H8, F0, F3, F4). Pending: a cell has "
+             "fewer than two finished runs (F0: a gain above the gate waits for all three). Falls by PREDICTIONS.md's "
+             f"rule, floor {FLOORS[SOKOBAN]:g} on Sokoban and {FLOORS[FROZEN_LAKE]:g} on FrozenLake, whatever "
+             "`--collapse-floor` says.", ""]
     lines += table(["", "prediction", "statistic [95 % interval]", "p", "verdict"], rows)
     falls = leads(runs, summaries)
     if falls:
-        lines += ["", "Falls at lr 2e-4 and the stale ESS warning before them:", "", *falls]
+        lines += ["", "Falls of unbounded and controller runs (Sokoban at lr 2e-4, FrozenLake) and the stale ESS "
+                  "warning before them:", "", *falls]
     return [*lines, ""]
 
 
@@ -227,31 +299,36 @@ def _cell_order(cell: str) -> tuple[int, int]:
     return (0, int(cell[1:])) if cell[1:].isdigit() else (1, 0) if cell == "kinf" else (2, 0)
 
 
-def plot_confirmation(summaries: Sequence[RunSummary], out: Path, lrs: Sequence[float] = (1e-4, 2e-4)) -> Path | None:
-    """The confirmation beside the original study: per step size a panel of M (mean validation success after
-    step 0) per cell, the study's seeds (0-2, hollow) left of the confirmation's (3-5, filled), each run a point
-    (a cross over it: the run fell), each cohort's cell mean with its 95 % interval. Cells: every bound either
-    cohort ran at that step size, unbounded and the controller. None without a confirmation run."""
+PANELS = ((SOKOBAN, 1e-4), (SOKOBAN, 2e-4), (FROZEN_LAKE, 1e-4))
+"""The confirmation figure's panels: (task, actor lr)."""
+
+
+def plot_confirmation(runs: Sequence[RunData], summaries: Sequence[RunSummary], out: Path) -> Path | None:
+    """The confirmation beside the original study: per task and step size (``PANELS``) a panel of M (mean
+    validation success after step 0) per cell, the study's seeds (0-2, hollow) left of the confirmation's (3-5,
+    filled), each run a point (a cross over it: the run fell, :func:`fell_at`), each cohort's cell mean with its
+    95 % interval. Cells: every bound either cohort ran there, unbounded and the controller. Panels without a
+    confirmation run are left out; None without any."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
-    new, old = cells(summaries), cells(summaries, STUDY_SEEDS)
-    panels = [lr for lr in lrs if any(key[0] == lr for key in new)]
+    by_name = {r.name: r for r in runs}
+    panels = [(task, lr, cells(summaries, task=task), cells(summaries, STUDY_SEEDS, task)) for task, lr in PANELS]
+    panels = [p for p in panels if any(key[0] == p[1] for key in p[2])]
     if not panels:
         return None
-    cohorts = (("study, seeds 0-2", old, "tab:gray", "none", -0.15), ("confirmation, seeds 3-5", new, "tab:blue", None, 0.15))
-    fig = Figure(figsize=(6 * len(panels), 4.2), layout="constrained")
-    for ax, lr in zip(np.atleast_1d(fig.subplots(1, len(panels))), panels, strict=True):
+    fig = Figure(figsize=(5.5 * len(panels), 4.2), layout="constrained")
+    for ax, (task, lr, new, old) in zip(np.atleast_1d(fig.subplots(1, len(panels))), panels, strict=True):
+        cohorts = ((old, "tab:gray", "none", -0.15), (new, "tab:blue", None, 0.15))
         names = sorted({cell for c in (new, old) for (rate, cell) in c if rate == lr}, key=_cell_order)
         for x, name in enumerate(names):
-            for _, c, color, face, offset in cohorts:
-                members = c.get((lr, name), [])
-                ys = [s.mean_val for s in members if math.isfinite(s.mean_val)]
-                if not ys:
+            for c, color, face, offset in cohorts:
+                members = [s for s in c.get((lr, name), []) if math.isfinite(s.mean_val)]
+                if not members:
                     continue
-                ax.scatter([x + offset] * len(ys), ys, s=30, alpha=0.8, edgecolors=color,
-                           facecolors=face or color)
-                fell = [s.mean_val for s in members if s.collapse.fell is not None and math.isfinite(s.mean_val)]
+                ys = [s.mean_val for s in members]
+                ax.scatter([x + offset] * len(ys), ys, s=30, alpha=0.8, edgecolors=color, facecolors=face or color)
+                fell = [s.mean_val for s in members if fell_at(by_name[s.name], task) is not None]
                 ax.scatter([x + offset] * len(fell), fell, s=70, marker="x", color="tab:red")
                 mean, below, above = stats.error_bar(ys, 0.0, 1.0)
                 ax.errorbar([x + offset + 0.08 * np.sign(offset)], [mean], yerr=[[below], [above]], color=color,
@@ -259,10 +336,11 @@ def plot_confirmation(summaries: Sequence[RunSummary], out: Path, lrs: Sequence[
         labels = {"kinf": "∞", "controller": "controller"}
         ax.set_xticks(range(len(names)), [labels.get(n, n[1:]) for n in names])
         ax.set(xlabel="max staleness k", ylabel="M: mean validation success after step 0",
-               title=f"actor lr {lr:.0e}".replace("e-0", "e-"), ylim=(0.0, None))
+               title=f"{task}, actor lr " + f"{lr:.0e}".replace("e-0", "e-"), ylim=(0.0, None))
         ax.grid(alpha=0.3)
     handles = [Line2D([], [], color=color, marker="o", ls="", markerfacecolor=face or color, label=label)
-               for label, _, color, face, _ in cohorts]
+               for label, color, face in (("study, seeds 0-2", "tab:gray", "none"),
+                                          ("confirmation, seeds 3-5", "tab:blue", None))]
     handles.append(Line2D([], [], color="tab:red", marker="x", ls="", label="the run fell"))
     fig.axes[-1].legend(handles=handles, fontsize=8, frameon=False, loc="best")
     return save_figure(fig, out / "confirmation.png")
