@@ -603,8 +603,8 @@ def report(
         help="K=GROUPS_PER_S from `bench pipeline` (K an integer or inf), repeatable: adds the equal-time "
         "table (minutes per budget, success at equal wall-clock)")] = None,
     confirm: Annotated[bool, typer.Option(
-        "--confirm", help="add the confirmation's verdicts (studies/confirm/PREDICTIONS.md, each hypothesis held, "
-        "failed or pending)")] = False,
+        "--confirm", help="add the confirmation's verdicts (studies/confirm/PREDICTIONS.md: H1-H8 on Sokoban, F0-F4 "
+        "on FrozenLake, each held, failed, pending or not run) and its figure beside the study's cells")] = False,
 ) -> None:
     """Write report.md, summary.csv and staleness/stability plots for runs or sweeps."""
     from ragen_async.bench.pipeline import parse_k
