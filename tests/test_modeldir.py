@@ -18,16 +18,22 @@ from ragen_async.study.sweep import SweepError, run_sweep
 WARM_START = Path("studies/specimen/warm_start")
 
 
-def test_the_study_starts_from_the_weights_it_pins_and_they_are_in_the_repository():
-    cfg = load_config("configs/tiny/study_specimen.yaml")
-    assert Path(cfg.model.path) == WARM_START and cfg.model.sha256 is not None
-    assert weights_sha256(WARM_START) == cfg.model.sha256
-    assert json.loads((WARM_START / "build_info.json").read_text())["weights_sha256"] == cfg.model.sha256
+@pytest.mark.parametrize("config, warm_start, sweeps", [
+    ("study_specimen.yaml", WARM_START, "study_*.yaml"),
+    ("study_specimen_frozen_lake.yaml", Path("studies/specimen_frozen_lake/warm_start"), "confirm_frozen_lake*.yaml"),
+])
+def test_the_study_starts_from_the_weights_it_pins_and_they_are_in_the_repository(config, warm_start, sweeps):
+    cfg = load_config(f"configs/tiny/{config}")
+    assert Path(cfg.model.path) == warm_start and cfg.model.sha256 is not None
+    assert weights_sha256(warm_start) == cfg.model.sha256
+    assert json.loads((warm_start / "build_info.json").read_text())["weights_sha256"] == cfg.model.sha256
     assert model_problem(cfg.model.path, cfg.model.sha256) is None
-    # every run of every study sweep inherits the pin
+    # every run of every sweep on it inherits the pin
     from ragen_async.study.sweep import SweepSpec, plan_sweep
 
-    for spec in sorted(Path("configs/sweeps").glob("study_*.yaml")):
+    specs = sorted(Path("configs/sweeps").glob(sweeps))
+    assert specs
+    for spec in specs:
         runs = plan_sweep(SweepSpec.load(spec)).runs
         assert runs and all(r.config.model.sha256 == cfg.model.sha256 for r in runs), spec
 

@@ -40,11 +40,13 @@ def test_episode_seeds_are_disjoint_from_validation_and_from_every_seed_rl_draws
     assert set(warm.episode_seeds(1)).isdisjoint(seeds)
 
 
-@pytest.mark.parametrize("name, config", [("sokoban", "specimen_sokoban.yaml")])
-def test_the_warm_start_prompts_are_what_the_specimen_rollouts_send(name, config):
+@pytest.mark.parametrize("name, config, pinned", [("sokoban", "specimen_sokoban.yaml", "studies/specimen/warm_start"),
+                                                  ("frozen_lake", "specimen_frozen_lake.yaml",
+                                                   "studies/specimen_frozen_lake/warm_start")])
+def test_the_warm_start_prompts_are_what_the_specimen_rollouts_send(name, config, pinned):
     cfg = load_config(REPO / "configs" / "tiny" / config)
     warm = WARM_STARTS[name]
-    assert cfg.model.path == "studies/specimen/warm_start" and cfg.model.sha256  # the pinned build, by default
+    assert cfg.model.path == pinned and cfg.model.sha256  # the pinned build, by default
     assert build.read_build_info(REPO / cfg.model.path)["warm_start"] == name
     assert warm_start_named_by(default_out_dir(name)) == name  # what `make specimen` rebuilds
     assert [e.tag for e in cfg.rollout.envs] == [warm.env_tag]
