@@ -128,3 +128,10 @@ def test_the_figure_sets_the_confirmation_beside_the_studys_cells(tmp_path, make
     assert (1 - 0.15, 0.38) in points  # the study's k = 4 runs, left of the tick
     assert (3 + 0.15, 0.40) in points  # the controller's seed 4, right of it
     assert confirm.plot_confirmation(runs, [s for s in summaries if s.seed in (0, 1, 2)], tmp_path) is None
+
+
+def test_the_controller_is_set_beside_the_unbounded_and_synchronous_cells(tmp_path, make_run):
+    runs, summaries = _runs(tmp_path, make_run)
+    text = "\n".join(confirm_section(runs, summaries))
+    assert "M(controller) 0.400 - M(unbounded) 0.220 = +0.180 [" in text
+    assert "M(controller) 0.400 - M(synchronous (k = 0)) 0.450 = -0.050 [" in text

@@ -275,6 +275,20 @@ def leads(runs: Sequence[RunData], summaries: Sequence[RunSummary], watched: Seq
     return lines
 
 
+def beside_the_controller(summaries: Sequence[RunSummary], hi: float = 2e-4) -> list[str]:
+    """H6's "reported beside it, not decided": the controller cell's M against the unbounded and synchronous
+    cells at lr 2e-4 (Welch differences with 95 % intervals)."""
+    c = cells(summaries)
+    ctrl = [s.mean_val for s in c.get((hi, "controller"), [])]
+    rows = []
+    for cell, name in (("kinf", "unbounded"), ("k0", "synchronous (k = 0)")):
+        other = [s.mean_val for s in c.get((hi, cell), [])]
+        if len(ctrl) >= 2 and len(other) >= 2:
+            d, low, high = stats.welch_difference(ctrl, other)
+            rows.append(f"M(controller) {np.mean(ctrl):.3f} - M({name}) {np.mean(other):.3f} = {d:+.3f} [{low:+.3f}, {high:+.3f}]")
+    return ["", "Beside H6 (reported, not decided): " + "; ".join(rows) + "."] if rows else []
+
+
 def confirm_section(runs: Sequence[RunData], summaries: Sequence[RunSummary]) -> list[str]:
     """The report's section: each hypothesis, its statistic with its interval, one-sided p, and verdict."""
     rows = [[v.name, v.claim, v.statistic, "—" if math.isnan(v.p) else f"{v.p:.3f}", v.verdict]
@@ -288,6 +302,7 @@ def confirm_section(runs: Sequence[RunData], summaries: Sequence[RunSummary]) ->
              f"rule, floor {FLOORS[SOKOBAN]:g} on Sokoban and {FLOORS[FROZEN_LAKE]:g} on FrozenLake, whatever "
              "`--collapse-floor` says.", ""]
     lines += table(["", "prediction", "statistic [95 % interval]", "p", "verdict"], rows)
+    lines += beside_the_controller(summaries)
     falls = leads(runs, summaries)
     if falls:
         lines += ["", "Falls of unbounded and controller runs (Sokoban at lr 2e-4, FrozenLake) and the stale ESS "
