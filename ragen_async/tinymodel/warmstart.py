@@ -109,8 +109,8 @@ def warm_start_command(name: str) -> str:
     return f"ragen-async make-model --warm-start {name}"
 
 
-PINNED = {"sokoban": Path("studies/specimen/warm_start")}
-"""Warm starts kept in the repository (the specimen's: every machine trains from the same bits), by name."""
+PINNED = {"sokoban": Path("studies/specimen/warm_start"), "frozen_lake": Path("studies/specimen_frozen_lake/warm_start")}
+"""Warm starts kept in the repository (the specimens': every machine trains from the same bits), by name."""
 
 
 def warm_start_named_by(path: str | Path) -> str | None:
