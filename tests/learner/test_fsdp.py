@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ragen_async.learner.learner import Learner
-from tests.learner.test_learner import make_cfg, make_shard, spawn_ranks
+from tests.learner.test_learner import leave_group, make_cfg, make_shard, spawn_ranks
 
 # One mini-batch per step; small logits chunks so the chunked vocabulary head runs under FSDP too.
 OVERRIDES = ("learner.mini_batch_size=16", "learner.logits_chunk_tokens=32")
@@ -105,7 +105,7 @@ def _rank(rank, world, init, model_path, shard, ckpt, out):
         rec[f"{src}->{strategy}"] = _weights(resumed)
     rec["seconds"] = time.perf_counter() - t0
     torch.save(rec, out / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    leave_group()
 
 
 def _save_old_format(learner: Learner, path) -> None:

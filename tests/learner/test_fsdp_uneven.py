@@ -12,7 +12,7 @@ import torch
 
 from ragen_async.learner.learner import Learner
 from tests.learner.test_fsdp import STEP_ATOL, STEP_OUTLIERS
-from tests.learner.test_learner import make_cfg, make_shard, spawn_ranks
+from tests.learner.test_learner import leave_group, make_cfg, make_shard, spawn_ranks
 
 OVERRIDES = ("learner.mini_batch_size=16", "learner.micro_batch_size=2", "learner.strategy=fsdp")
 SPLIT = 12
@@ -40,7 +40,7 @@ def _rank(rank, world, init, model_path, shard, out):
     weights = {n: t.clone() for n, t in learner.full_weights()}
     torch.save({"units": units, "layers": learner.actor.config.num_hidden_layers, "metrics": metrics,
                 "weights": weights}, out / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    leave_group()
 
 
 def test_fsdp_with_uneven_shards_steps_as_one_process_does(tiny_model_path, tmp_path):
