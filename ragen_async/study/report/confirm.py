@@ -117,6 +117,13 @@ def fell_at(run: RunData, task: str) -> int | None:
     return find_collapse(*run.val_success(), floor=FLOORS[task]).fell
 
 
+def _falls(runs: Sequence[RunData], c: dict[tuple[float, str], list[RunSummary]], task: str
+           ) -> tuple[dict[str, RunData], dict[str, int | None]]:
+    """The runs by name, and the step each run of the cells ``c`` fell at (:func:`fell_at`)."""
+    by_name = {r.name: r for r in runs}
+    return by_name, {s.name: fell_at(by_name[s.name], task) for members in c.values() for s in members}
+
+
 def gain(run: RunData) -> float:
     """F0's Gain: the mean of the run's last two validations minus its first (step 0)."""
     _, values = run.val_success()
@@ -191,8 +198,7 @@ class _Decider:
 def verdicts(runs: Sequence[RunData], summaries: Sequence[RunSummary], lo: float = 1e-4, hi: float = 2e-4) -> list[Verdict]:
     """H1-H8 on the Sokoban runs, then F0-F4 on the FrozenLake runs (:func:`frozen_lake_verdicts`)."""
     c = cells(summaries)
-    by_name = {r.name: r for r in runs}
-    falls = {s.name: fell_at(by_name[s.name], SOKOBAN) for members in c.values() for s in members}
+    by_name, falls = _falls(runs, c, SOKOBAN)
     d = _Decider(c)
 
     def h5():
@@ -225,8 +231,7 @@ def verdicts(runs: Sequence[RunData], summaries: Sequence[RunSummary], lo: float
 def frozen_lake_verdicts(runs: Sequence[RunData], summaries: Sequence[RunSummary], lr: float = 1e-4) -> list[Verdict]:
     """F0 (the gate: the k = 0 cell's mean gain at least ``GATE_GAIN``), then F1-F4 (``not run`` if it failed)."""
     c = cells(summaries, task=FROZEN_LAKE)
-    by_name = {r.name: r for r in runs}
-    falls = {s.name: fell_at(by_name[s.name], FROZEN_LAKE) for members in c.values() for s in members}
+    by_name, falls = _falls(runs, c, FROZEN_LAKE)
     d = _Decider(c)
     sync = c.get((lr, "k0"), [])
 
