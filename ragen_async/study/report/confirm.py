@@ -4,7 +4,8 @@ The statistics, directions and decision rules are the prediction file's, fixed b
 computes them, on the confirmation's seeds (3, 4, 5) only. The runs are told apart by task (the validation
 environment: Sokoban for H1-H8, FrozenLake for F0-F4), actor learning rate (1e-4, 2e-4) and cell: a bound k
 (``k0``, ``k2``, ``k4``), unbounded (``kinf``), and the staleness controller (``staleness.adaptive`` from
-unbounded). A hypothesis whose cells do not yet hold two finished runs each is ``pending``.
+unbounded). A hypothesis whose cells do not yet hold two finished runs each is ``pending``; one decided while a
+cell holds fewer than the three seeds is ``held (interim)`` or ``failed (interim)``.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class Verdict:
     p: float
     """One-sided p in the predicted direction (NaN for the threshold rules)."""
     verdict: str
-    """``held``, ``failed``, ``pending`` (not enough runs yet) or ``not run`` (F1-F4 when the gate F0 failed)."""
+    """``held``, ``failed``, ``pending`` (not enough runs yet) or ``not run`` (F1-F4 when the gate F0 failed);
+    ``held (interim)`` or ``failed (interim)`` while a cell it reads has fewer runs than ``SEEDS``."""
 
 
 def _cell(s: RunSummary, seeds: Sequence[int], task: str) -> str | None:
@@ -168,25 +170,30 @@ def _alarm_rate(quiet: Sequence[RunSummary], by_name: dict[str, RunData]) -> tup
 
 
 class _Decider:
-    """Collects verdicts: a hypothesis whose cells lack two finished runs each is pending."""
+    """Collects verdicts: a hypothesis whose cells lack two finished runs each is pending; one decided while a
+    cell holds fewer runs than the predictions' seeds is marked interim."""
 
     def __init__(self, c: dict[tuple[float, str], list[RunSummary]]):
         self.c, self.out = c, []
 
-    def have(self, *keys: tuple[float, str]) -> bool:
-        return all(len(self.c.get(k, [])) >= 2 for k in keys)
+    def have(self, *keys: tuple[float, str], runs: int = 2) -> bool:
+        return all(len(self.c.get(k, [])) >= runs for k in keys)
 
     def m(self, key: tuple[float, str]) -> list[float]:
         return [s.mean_val for s in self.c[key]]
 
-    def add(self, name: str, claim: str, ready: bool, compute, skip: str | None = None) -> None:
+    def add(self, name: str, claim: str, keys: Sequence[tuple[float, str]], compute, skip: str | None = None) -> None:
+        """Decide ``name`` on the cells ``keys`` with ``compute() -> (statistic, p, held or None)``."""
         if skip is not None:
             self.out.append(Verdict(name, claim, skip, math.nan, "not run"))
-        elif not ready:
+        elif not self.have(*keys):
             self.out.append(Verdict(name, claim, "—", math.nan, "pending"))
         else:
             text, p, held = compute()
-            self.out.append(Verdict(name, claim, text, p, "pending" if held is None else "held" if held else "failed"))
+            verdict = "pending" if held is None else "held" if held else "failed"
+            if held is not None and not self.have(*keys, runs=len(SEEDS)):
+                verdict += " (interim)"
+            self.out.append(Verdict(name, claim, text, p, verdict))
 
     def welch(self, a: tuple[float, str], b: tuple[float, str]):
         def compute():
@@ -210,21 +217,21 @@ def verdicts(runs: Sequence[RunData], summaries: Sequence[RunSummary], lo: float
         r, low, high = _ratio(stale, [s.groups_per_s for s in c[(lo, "k0")]])
         return f"{r:.2f}× [{low:.2f}, {high:.2f}]", math.nan, high < SPEED_LIMIT
 
-    d.add("H1", "staleness costs success at lr 1e-4 (slope of M on age < 0)", d.have(*((lo, x) for x in ("k0", "k2", "kinf"))),
+    d.add("H1", "staleness costs success at lr 1e-4 (slope of M on age < 0)", [(lo, x) for x in ("k0", "k2", "kinf")],
           lambda: _slope([s for cell in ("k0", "k2", "kinf") for s in c[(lo, cell)]]))
-    d.add("H2", "the cost grows with age: M(k = 2) > M(unbounded), lr 1e-4", d.have((lo, "k2"), (lo, "kinf")),
+    d.add("H2", "the cost grows with age: M(k = 2) > M(unbounded), lr 1e-4", [(lo, "k2"), (lo, "kinf")],
           d.welch((lo, "k2"), (lo, "kinf")))
-    d.add("H3", "any staleness costs: M(k = 0) > M(k = 2), lr 1e-4", d.have((lo, "k0"), (lo, "k2")), d.welch((lo, "k0"), (lo, "k2")))
-    d.add("H4", "at lr 2e-4 M(k = 0) > M(unbounded)", d.have((hi, "k0"), (hi, "kinf")), d.welch((hi, "k0"), (hi, "kinf")))
+    d.add("H3", "any staleness costs: M(k = 0) > M(k = 2), lr 1e-4", [(lo, "k0"), (lo, "k2")], d.welch((lo, "k0"), (lo, "k2")))
+    d.add("H4", "at lr 2e-4 M(k = 0) > M(unbounded)", [(hi, "k0"), (hi, "kinf")], d.welch((hi, "k0"), (hi, "kinf")))
     d.add("H5", "the step size steepens the gap: [M(k = 0) - M(unbounded)] at 2e-4 minus at 1e-4 > 0",
-          d.have(*((lr, x) for lr in (lo, hi) for x in ("k0", "kinf"))), h5)
+          [(lr, x) for lr in (lo, hi) for x in ("k0", "kinf")], h5)
     d.add("H6", "the controller at lr 2e-4: none falls, age ≥ half the unbounded's, M ≥ the k = 4 cell's",
-          d.have((hi, "controller")), lambda: _controller_goal(
+          [(hi, "controller")], lambda: _controller_goal(
               c[(hi, "controller")], c.get((hi, "kinf"), []), K4_LR2E4_MEAN_VAL, "the study's k = 4 cell", falls))
     d.add("H7", f"stale_ess fires at most {ALARMS_PER_100:g} per 100 steps on lr 1e-4 unbounded runs that did not fall",
-          d.have((lo, "kinf")), lambda: _alarm_rate([s for s in c[(lo, "kinf")] if falls[s.name] is None], by_name))
+          [(lo, "kinf")], lambda: _alarm_rate([s for s in c[(lo, "kinf")] if falls[s.name] is None], by_name))
     d.add("H8", f"asynchrony's speed-up at lr 1e-4 (k = 2 and unbounded over k = 0) below {SPEED_LIMIT}× (upper end)",
-          d.have((lo, "k0"), (lo, "k2"), (lo, "kinf")), h8)
+          [(lo, "k0"), (lo, "k2"), (lo, "kinf")], h8)
     return d.out + frozen_lake_verdicts(runs, summaries, lo)
 
 
@@ -238,23 +245,22 @@ def frozen_lake_verdicts(runs: Sequence[RunData], summaries: Sequence[RunSummary
     def f0():
         gains = [gain(by_name[s.name]) for s in sync]
         mean, low, high, _ = stats.bounds(gains)
-        held = mean >= GATE_GAIN if len(sync) == len(SEEDS) else None if mean >= GATE_GAIN else False
-        return f"mean gain {mean:+.3f} [{low:+.3f}, {high:+.3f}] over {len(gains)} runs", math.nan, held
+        return f"mean gain {mean:+.3f} [{low:+.3f}, {high:+.3f}] over {len(gains)} runs", math.nan, mean >= GATE_GAIN
 
     d.add("F0", f"the gate: StarPO-S gains at least +{GATE_GAIN:g} on FrozenLake at k = 0 (last two validations "
-          "over step 0)", d.have((lr, "k0")), f0)
+          "over step 0)", [(lr, "k0")], f0)
     skip = "the gate F0 failed" if d.out[-1].verdict == "failed" else None
     d.add("F1", "staleness costs success on FrozenLake (slope of M on age < 0)",
-          d.have(*((lr, x) for x in ("k0", "k4", "kinf"))),
+          [(lr, x) for x in ("k0", "k4", "kinf")],
           lambda: _slope([s for cell in ("k0", "k4", "kinf") for s in c[(lr, cell)]]), skip)
-    d.add("F2", "the cost grows with age: M(k = 4) > M(unbounded), FrozenLake", d.have((lr, "k4"), (lr, "kinf")),
+    d.add("F2", "the cost grows with age: M(k = 4) > M(unbounded), FrozenLake", [(lr, "k4"), (lr, "kinf")],
           d.welch((lr, "k4"), (lr, "kinf")), skip)
     d.add("F3", "the controller on FrozenLake: none falls, age ≥ half the unbounded's, M ≥ the k = 4 cell's",
-          d.have((lr, "controller")), lambda: _controller_goal(
+          [(lr, "controller")], lambda: _controller_goal(
               c[(lr, "controller")], c.get((lr, "kinf"), []),
               float(np.mean(d.m((lr, "k4")))) if d.have((lr, "k4")) else math.nan, "the k = 4 cell", falls), skip)
     d.add("F4", f"stale_ess fires at most {ALARMS_PER_100:g} per 100 steps on FrozenLake's unbounded runs that did not fall",
-          d.have((lr, "kinf")), lambda: _alarm_rate([s for s in c[(lr, "kinf")] if falls[s.name] is None], by_name), skip)
+          [(lr, "kinf")], lambda: _alarm_rate([s for s in c[(lr, "kinf")] if falls[s.name] is None], by_name), skip)
     return d.out
 
 
