@@ -310,8 +310,7 @@ def confirm_section(runs: Sequence[RunData], summaries: Sequence[RunSummary]) ->
              f"Finished runs per cell: {counts or 'none'}. p: one-sided, in the predicted direction; held when "
              f"p < {ALPHA} (H1-H5, F1, F2), or when the threshold rule holds (H6-H8, F0, F3, F4). Pending: a cell has "
              "fewer than two finished runs; interim: one has fewer than three (the verdict can change). Falls by "
-             "PREDICTIONS.md's "
-             f"rule, floor {FLOORS[SOKOBAN]:g} on Sokoban and {FLOORS[FROZEN_LAKE]:g} on FrozenLake, whatever "
+             f"PREDICTIONS.md's rule, floor {FLOORS[SOKOBAN]:g} on Sokoban and {FLOORS[FROZEN_LAKE]:g} on FrozenLake, whatever "
              "`--collapse-floor` says.", ""]
     lines += table(["", "prediction", "statistic [95 % interval]", "p", "verdict"], rows)
     lines += beside_the_controller(summaries)
