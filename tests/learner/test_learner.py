@@ -80,7 +80,7 @@ def spawn_ranks(target, make_args, world: int = 2) -> None:
     """Run ``target(rank, world, init, *make_args(rank))`` in ``world`` spawned processes (one gloo group,
     ``init`` its ``init_method``) and require each to exit cleanly. The group meets through a file, not a
     port: a port picked free here can be taken by another process before rank 0 binds it, and a rank that
-    then reaches something else's socket waits out the group's timeout."""
+    then reaches something else's socket waits out the group's timeout. A target ends with :func:`leave_group`."""
     import tempfile
 
     import torch.multiprocessing as mp
