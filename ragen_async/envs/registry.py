@@ -32,6 +32,8 @@ ENV_TAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "LargerSokoban": ("sokoban", {"dim_room": (8, 8), "num_boxes": 2}),
     "FrozenLake": ("frozen_lake", {}),
     "Countdown": ("countdown", {}),
+    # Single-digit numbers: the tiny model copies one-digit numbers; at RAGEN's 1..99 its warm start scores 0.
+    "SmallCountdown": ("countdown", {"max_number": 9, "max_target": 50}),
 }
 """Tag -> (env name, config options)."""
 

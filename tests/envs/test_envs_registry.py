@@ -25,7 +25,8 @@ def test_make_env(name, env_class):
 
 
 def test_tags():
-    assert set(ENV_TAGS) == {"Bandit", "BanditTest", "SimpleSokoban", "LargerSokoban", "FrozenLake", "Countdown"}
+    assert set(ENV_TAGS) == {"Bandit", "BanditTest", "SimpleSokoban", "LargerSokoban", "FrozenLake", "Countdown",
+                             "SmallCountdown"}
     test_bandit = make_env_from_tag("BanditTest")
     test_bandit.reset(seed=0)
     assert set(test_bandit.valid_actions()) == {"Trader", "Librarian"}

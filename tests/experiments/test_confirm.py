@@ -3,6 +3,8 @@ on synthetic runs whose outcome is known, and pending while a cell lacks runs.""
 
 from __future__ import annotations
 
+import pytest
+
 from ragen_async.study.report import find_runs, summarize
 from ragen_async.study.report.confirm import confirm_section, verdicts
 
@@ -92,24 +94,27 @@ def test_falls_use_the_predictions_floor_not_the_reports(tmp_path, make_run):
 FL = {(1e-4, "k0"): 0.33, (1e-4, "k4"): 0.30, (1e-4, "kinf"): 0.25, (1e-4, "controller"): 0.31}
 
 
-def test_frozen_lake_is_decided_apart_and_its_gate_comes_first(tmp_path, make_run):
-    # Sokoban runs only: F0-F4 pending. FrozenLake runs never enter H1-H8.
+@pytest.mark.parametrize("task, x", [("FrozenLake", "F"), ("SmallCountdown", "C")])
+def test_a_second_task_is_decided_apart_and_its_gate_comes_first(tmp_path, make_run, task, x):
+    # Sokoban runs only: the second tasks' predictions pending. Their runs never enter H1-H8 nor each other's.
     runs, summaries = _runs(tmp_path / "sokoban", make_run)
     got = {v.name: v for v in verdicts(runs, summaries)}
-    assert [got[f].verdict for f in ("F0", "F1", "F2", "F3", "F4")] == ["pending"] * 5
-    runs, summaries = _runs(tmp_path / "fl", make_run, FL, task="FrozenLake", ess_fires_at=())
+    assert [got[f"{x}{i}"].verdict for i in range(5)] == ["pending"] * 5
+    runs, summaries = _runs(tmp_path / "second", make_run, FL, task=task, ess_fires_at=())
     got = {v.name: v for v in verdicts(runs, summaries)}
     assert all(got[h].verdict == "pending" for h in ("H1", "H2", "H6", "H8"))
+    other = "C" if x == "F" else "F"
+    assert [got[f"{other}{i}"].verdict for i in range(5)] == ["pending"] * 5
     # Gain: the last two validations (0.33 +- noise) over step 0 (0.36): below the gate, which fails.
-    assert got["F0"].verdict == "failed" and got["F0"].statistic.startswith("mean gain -0.030")
-    assert [got[f].verdict for f in ("F1", "F2", "F3", "F4")] == ["not run"] * 4
-    # Above the gate, the rest are decided on FrozenLake's cells.
+    assert got[f"{x}0"].verdict == "failed" and got[f"{x}0"].statistic.startswith("mean gain -0.030")
+    assert [got[f"{x}{i}"].verdict for i in range(1, 5)] == ["not run"] * 4
+    # Above the gate, the rest are decided on the task's cells.
     lifted = {key: level + 0.2 for key, level in FL.items()}
-    runs, summaries = _runs(tmp_path / "fl2", make_run, lifted, task="FrozenLake", ess_fires_at=())
+    runs, summaries = _runs(tmp_path / "second2", make_run, lifted, task=task, ess_fires_at=())
     got = {v.name: v for v in verdicts(runs, summaries)}
-    assert got["F0"].verdict == "held" and got["F0"].statistic.startswith("mean gain +0.170")
-    assert [got[f].verdict for f in ("F1", "F2", "F3", "F4")] == ["held", "held", "held", "held"]
-    assert "mean M 0.510 against the k = 4 cell 0.500" in got["F3"].statistic
+    assert got[f"{x}0"].verdict == "held" and got[f"{x}0"].statistic.startswith("mean gain +0.170")
+    assert [got[f"{x}{i}"].verdict for i in range(1, 5)] == ["held", "held", "held", "held"]
+    assert "mean M 0.510 against the k = 4 cell 0.500" in got[f"{x}3"].statistic
 
 
 def test_the_figure_sets_the_confirmation_beside_the_studys_cells(tmp_path, make_run, monkeypatch):

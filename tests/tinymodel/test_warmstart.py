@@ -42,7 +42,9 @@ def test_episode_seeds_are_disjoint_from_validation_and_from_every_seed_rl_draws
 
 @pytest.mark.parametrize("name, config, pinned", [("sokoban", "specimen_sokoban.yaml", "studies/specimen/warm_start"),
                                                   ("frozen_lake", "specimen_frozen_lake.yaml",
-                                                   "studies/specimen_frozen_lake/warm_start")])
+                                                   "studies/specimen_frozen_lake/warm_start"),
+                                                  ("countdown", "specimen_countdown.yaml",
+                                                   "studies/specimen_countdown/warm_start")])
 def test_the_warm_start_prompts_are_what_the_specimen_rollouts_send(name, config, pinned):
     cfg = load_config(REPO / "configs" / "tiny" / config)
     warm = WARM_STARTS[name]

@@ -2,7 +2,7 @@
 
 The statistics, directions and decision rules are the prediction file's, fixed before the runs; this module only
 computes them, on the confirmation's seeds (3, 4, 5) only. The runs are told apart by task (the validation
-environment: Sokoban for H1-H8, FrozenLake for F0-F4), actor learning rate (1e-4, 2e-4) and cell: a bound k
+environment: Sokoban for H1-H8, FrozenLake for F0-F4, Countdown on single-digit numbers for C0-C4), actor learning rate (1e-4, 2e-4) and cell: a bound k
 (``k0``, ``k2``, ``k4``), unbounded (``kinf``), and the staleness controller (``staleness.adaptive`` from
 unbounded). A hypothesis whose cells do not yet hold two finished runs each is ``pending``; one decided while a
 cell holds fewer than the three seeds is ``held (interim)`` or ``failed (interim)``.
@@ -25,19 +25,22 @@ from ragen_async.study.report.runs import RunData
 from ragen_async.study.report.summary import RunSummary
 from ragen_async.study.report.tables import table
 
-SOKOBAN, FROZEN_LAKE = "SimpleSokoban", "FrozenLake"
-"""The tasks, by validation environment: H1-H8 are decided on Sokoban runs, F0-F4 on FrozenLake runs."""
-FLOORS = {SOKOBAN: 0.176, FROZEN_LAKE: 0.0}
+SOKOBAN, FROZEN_LAKE, COUNTDOWN = "SimpleSokoban", "FrozenLake", "SmallCountdown"
+"""The tasks, by validation environment: H1-H8 are decided on Sokoban runs, F0-F4 on FrozenLake, C0-C4 on Countdown."""
+SECOND_TASKS = {FROZEN_LAKE: ("F", "FrozenLake"), COUNTDOWN: ("C", "Countdown")}
+"""The second task's candidates in the order they were tried: their predictions' letter and name. Each has its
+gate (``<letter>0``) and four predictions decided only if it passed."""
+FLOORS = {SOKOBAN: 0.176, FROZEN_LAKE: 0.0, COUNTDOWN: 0.0}
 """Per task, the floor of the fall rule (PREDICTIONS.md, "Fell"): the verdicts use it whatever the report's
 ``--collapse-floor``."""
 K4_LR2E4_MEAN_VAL = 0.3753
 """H6 (c): the study's lr 2e-4 k = 4 cell, mean M over seeds 0-2 (PREDICTIONS.md)."""
 ALARMS_PER_100 = 1.0
-"""H7, F4: at most this many ``stale_ess`` warnings per 100 learner steps."""
+"""H7, F4, C4: at most this many ``stale_ess`` warnings per 100 learner steps."""
 SPEED_LIMIT = 1.15
 """H8: the upper end of the speed ratio's 95 % interval below this."""
 GATE_GAIN = 0.08
-"""F0: the k = 0 cell's mean gain (last two validations over step 0) at least this."""
+"""F0, C0: the k = 0 cell's mean gain (last two validations over step 0) at least this."""
 ALPHA = 0.05
 SEEDS = (3, 4, 5)
 """The confirmation's seeds: runs of other seeds (the study's 0-2) never enter a verdict."""
@@ -54,7 +57,7 @@ class Verdict:
     p: float
     """One-sided p in the predicted direction (NaN for the threshold rules)."""
     verdict: str
-    """``held``, ``failed``, ``pending`` (not enough runs yet) or ``not run`` (F1-F4 when the gate F0 failed);
+    """``held``, ``failed``, ``pending`` (not enough runs yet) or ``not run`` (F1-F4, C1-C4 when their gate failed);
     ``held (interim)`` or ``failed (interim)`` while a cell it reads has fewer runs than ``SEEDS``."""
 
 
@@ -127,7 +130,7 @@ def _falls(runs: Sequence[RunData], c: dict[tuple[float, str], list[RunSummary]]
 
 
 def gain(run: RunData) -> float:
-    """F0's Gain: the mean of the run's last two validations minus its first (step 0)."""
+    """F0's and C0's Gain: the mean of the run's last two validations minus its first (step 0)."""
     _, values = run.val_success()
     return float(values[-2:].mean() - values[0]) if values.size >= 3 else math.nan
 
@@ -203,7 +206,7 @@ class _Decider:
 
 
 def verdicts(runs: Sequence[RunData], summaries: Sequence[RunSummary], lo: float = 1e-4, hi: float = 2e-4) -> list[Verdict]:
-    """H1-H8 on the Sokoban runs, then F0-F4 on the FrozenLake runs (:func:`frozen_lake_verdicts`)."""
+    """H1-H8 on the Sokoban runs, then each second task's (:func:`second_task_verdicts`)."""
     c = cells(summaries)
     by_name, falls = _falls(runs, c, SOKOBAN)
     d = _Decider(c)
@@ -232,13 +235,16 @@ def verdicts(runs: Sequence[RunData], summaries: Sequence[RunSummary], lo: float
           [(lo, "kinf")], lambda: _alarm_rate([s for s in c[(lo, "kinf")] if falls[s.name] is None], by_name))
     d.add("H8", f"asynchrony's speed-up at lr 1e-4 (k = 2 and unbounded over k = 0) below {SPEED_LIMIT}× (upper end)",
           [(lo, "k0"), (lo, "k2"), (lo, "kinf")], h8)
-    return d.out + frozen_lake_verdicts(runs, summaries, lo)
+    return d.out + [v for task in SECOND_TASKS for v in second_task_verdicts(runs, summaries, task, lo)]
 
 
-def frozen_lake_verdicts(runs: Sequence[RunData], summaries: Sequence[RunSummary], lr: float = 1e-4) -> list[Verdict]:
-    """F0 (the gate: the k = 0 cell's mean gain at least ``GATE_GAIN``), then F1-F4 (``not run`` if it failed)."""
-    c = cells(summaries, task=FROZEN_LAKE)
-    by_name, falls = _falls(runs, c, FROZEN_LAKE)
+def second_task_verdicts(runs: Sequence[RunData], summaries: Sequence[RunSummary], task: str, lr: float = 1e-4
+                         ) -> list[Verdict]:
+    """On ``task`` (a key of ``SECOND_TASKS``, letter X): X0, the gate (the k = 0 cell's mean gain at least
+    ``GATE_GAIN``), then X1-X4 (``not run`` if it failed)."""
+    x, env = SECOND_TASKS[task]
+    c = cells(summaries, task=task)
+    by_name, falls = _falls(runs, c, task)
     d = _Decider(c)
     sync = c.get((lr, "k0"), [])
 
@@ -247,25 +253,25 @@ def frozen_lake_verdicts(runs: Sequence[RunData], summaries: Sequence[RunSummary
         mean, low, high, _ = stats.bounds(gains)
         return f"mean gain {mean:+.3f} [{low:+.3f}, {high:+.3f}] over {len(gains)} runs", math.nan, mean >= GATE_GAIN
 
-    d.add("F0", f"the gate: StarPO-S gains at least +{GATE_GAIN:g} on FrozenLake at k = 0 (last two validations "
+    d.add(f"{x}0", f"the gate: StarPO-S gains at least +{GATE_GAIN:g} on {env} at k = 0 (last two validations "
           "over step 0)", [(lr, "k0")], f0)
-    skip = "the gate F0 failed" if d.out[-1].verdict == "failed" else None
-    d.add("F1", "staleness costs success on FrozenLake (slope of M on age < 0)",
+    skip = f"the gate {x}0 failed" if d.out[-1].verdict == "failed" else None
+    d.add(f"{x}1", f"staleness costs success on {env} (slope of M on age < 0)",
           [(lr, x) for x in ("k0", "k4", "kinf")],
           lambda: _slope([s for cell in ("k0", "k4", "kinf") for s in c[(lr, cell)]]), skip)
-    d.add("F2", "the cost grows with age: M(k = 4) > M(unbounded), FrozenLake", [(lr, "k4"), (lr, "kinf")],
+    d.add(f"{x}2", f"the cost grows with age: M(k = 4) > M(unbounded), {env}", [(lr, "k4"), (lr, "kinf")],
           d.welch((lr, "k4"), (lr, "kinf")), skip)
-    d.add("F3", "the controller on FrozenLake: none falls, age ≥ half the unbounded's, M ≥ the k = 4 cell's",
+    d.add(f"{x}3", f"the controller on {env}: none falls, age ≥ half the unbounded's, M ≥ the k = 4 cell's",
           [(lr, "controller")], lambda: _controller_goal(
               c[(lr, "controller")], c.get((lr, "kinf"), []),
               float(np.mean(d.m((lr, "k4")))) if d.have((lr, "k4")) else math.nan, "the k = 4 cell", falls), skip)
-    d.add("F4", f"stale_ess fires at most {ALARMS_PER_100:g} per 100 steps on FrozenLake's unbounded runs that did not fall",
+    d.add(f"{x}4", f"stale_ess fires at most {ALARMS_PER_100:g} per 100 steps on {env}'s unbounded runs that did not fall",
           [(lr, "kinf")], lambda: _alarm_rate([s for s in c[(lr, "kinf")] if falls[s.name] is None], by_name), skip)
     return d.out
 
 
 def leads(runs: Sequence[RunData], summaries: Sequence[RunSummary], watched: Sequence[tuple[str, float]] = (
-        (SOKOBAN, 2e-4), (FROZEN_LAKE, 1e-4))) -> list[str]:
+        (SOKOBAN, 2e-4), (FROZEN_LAKE, 1e-4), (COUNTDOWN, 1e-4))) -> list[str]:
     """For each unbounded or controller run that fell, on the (task, actor lr) pairs ``watched``: the steps from
     its first ``stale_ess`` warning to the fall (none if the first warning came at or after it)."""
     by_name = {r.name: r for r in runs}
@@ -305,12 +311,12 @@ def confirm_section(runs: Sequence[RunData], summaries: Sequence[RunSummary]) ->
     rows = [[v.name, v.claim, v.statistic, "—" if math.isnan(v.p) else f"{v.p:.3f}", v.verdict]
             for v in verdicts(runs, summaries)]
     counts = "; ".join(f"{task}: " + ", ".join(f"{cell} at {lr:g}: {len(members)}" for (lr, cell), members in sorted(c.items()))
-                       for task in (SOKOBAN, FROZEN_LAKE) if (c := cells(summaries, task=task)))
+                       for task in FLOORS if (c := cells(summaries, task=task)))
     lines = ["## The confirmation's predictions (studies/confirm/PREDICTIONS.md)", "",
              f"Finished runs per cell: {counts or 'none'}. p: one-sided, in the predicted direction; held when "
-             f"p < {ALPHA} (H1-H5, F1, F2), or when the threshold rule holds (H6-H8, F0, F3, F4). Pending: a cell has "
+             f"p < {ALPHA} (H1-H5, F1, F2, C1, C2), or when the threshold rule holds (H6-H8, F0, F3, F4, C0, C3, C4). Pending: a cell has "
              "fewer than two finished runs; interim: one has fewer than three (the verdict can change). Falls by "
-             f"PREDICTIONS.md's rule, floor {FLOORS[SOKOBAN]:g} on Sokoban and {FLOORS[FROZEN_LAKE]:g} on FrozenLake, whatever "
+             "PREDICTIONS.md's rule, floor " + ", ".join(f"{f:g} on {t}" for t, f in FLOORS.items()) + ", whatever "
              "`--collapse-floor` says.", ""]
     lines += table(["", "prediction", "statistic [95 % interval]", "p", "verdict"], rows)
     lines += beside_the_controller(summaries)
@@ -325,7 +331,7 @@ def _cell_order(cell: str) -> tuple[int, int]:
     return (0, int(cell[1:])) if cell[1:].isdigit() else (1, 0) if cell == "kinf" else (2, 0)
 
 
-PANELS = ((SOKOBAN, 1e-4), (SOKOBAN, 2e-4), (FROZEN_LAKE, 1e-4))
+PANELS = ((SOKOBAN, 1e-4), (SOKOBAN, 2e-4), (FROZEN_LAKE, 1e-4), (COUNTDOWN, 1e-4))
 """The confirmation figure's panels: (task, actor lr)."""
 
 
