@@ -604,7 +604,7 @@ def report(
         "table (minutes per budget, success at equal wall-clock)")] = None,
     confirm: Annotated[bool, typer.Option(
         "--confirm", help="add the confirmation's verdicts (studies/confirm/PREDICTIONS.md: H1-H8 on Sokoban, F0-F4 "
-        "on FrozenLake, each held, failed, pending or not run) and its figure beside the study's cells")] = False,
+        "on FrozenLake, C0-C4 on Countdown, each held, failed, pending or not run) and its figure beside the study's cells")] = False,
 ) -> None:
     """Write report.md, summary.csv and staleness/stability plots for runs or sweeps."""
     from ragen_async.bench.pipeline import parse_k
