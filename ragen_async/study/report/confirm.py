@@ -322,7 +322,7 @@ def confirm_section(runs: Sequence[RunData], summaries: Sequence[RunSummary]) ->
     lines += beside_the_controller(summaries)
     falls = leads(runs, summaries)
     if falls:
-        lines += ["", "Falls of unbounded and controller runs (Sokoban at lr 2e-4, FrozenLake) and the stale ESS "
+        lines += ["", "Falls of unbounded and controller runs (Sokoban at lr 2e-4, the second tasks at 1e-4) and the stale ESS "
                   "warning before them:", "", *falls]
     return [*lines, ""]
 
