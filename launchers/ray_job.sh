@@ -268,7 +268,8 @@ if [[ $forward_key == 1 ]]; then
     [[ -n ${WANDB_API_KEY:-} ]] || die "--forward-wandb-key: WANDB_API_KEY is not set"
     env_vars+=(WANDB_API_KEY "$WANDB_API_KEY")
 fi
-excludes='"/.venv/", "/artifacts/", "/runs/", "/wandb/", "/.git/", "__pycache__/", "*.egg-info/"'
+# The studies' run data (over 100 MB, Ray's upload limit) stays home; their pinned warm starts travel.
+excludes='"/.venv/", "/artifacts/", "/runs/", "/wandb/", "/.git/", "__pycache__/", "*.egg-info/", "/studies/**/runs/"'
 runtime_env="{\"env_vars\": $(json_object "${env_vars[@]}"), \"excludes\": [$excludes]}"
 
 metadata=(ragen_command "$command${resume:+ --resume}" ragen_target "${resume:-${config_rel:-}}"
