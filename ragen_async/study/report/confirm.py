@@ -257,7 +257,7 @@ def second_task_verdicts(runs: Sequence[RunData], summaries: Sequence[RunSummary
           "over step 0)", [(lr, "k0")], f0)
     skip = f"the gate {x}0 failed" if d.out[-1].verdict == "failed" else None
     d.add(f"{x}1", f"staleness costs success on {env} (slope of M on age < 0)",
-          [(lr, x) for x in ("k0", "k4", "kinf")],
+          [(lr, cell) for cell in ("k0", "k4", "kinf")],
           lambda: _slope([s for cell in ("k0", "k4", "kinf") for s in c[(lr, cell)]]), skip)
     d.add(f"{x}2", f"the cost grows with age: M(k = 4) > M(unbounded), {env}", [(lr, "k4"), (lr, "kinf")],
           d.welch((lr, "k4"), (lr, "kinf")), skip)
@@ -271,7 +271,7 @@ def second_task_verdicts(runs: Sequence[RunData], summaries: Sequence[RunSummary
 
 
 def leads(runs: Sequence[RunData], summaries: Sequence[RunSummary], watched: Sequence[tuple[str, float]] = (
-        (SOKOBAN, 2e-4), (FROZEN_LAKE, 1e-4), (COUNTDOWN, 1e-4))) -> list[str]:
+        (SOKOBAN, 2e-4), *((task, 1e-4) for task in SECOND_TASKS))) -> list[str]:
     """For each unbounded or controller run that fell, on the (task, actor lr) pairs ``watched``: the steps from
     its first ``stale_ess`` warning to the fall (none if the first warning came at or after it)."""
     by_name = {r.name: r for r in runs}
@@ -331,7 +331,7 @@ def _cell_order(cell: str) -> tuple[int, int]:
     return (0, int(cell[1:])) if cell[1:].isdigit() else (1, 0) if cell == "kinf" else (2, 0)
 
 
-PANELS = ((SOKOBAN, 1e-4), (SOKOBAN, 2e-4), (FROZEN_LAKE, 1e-4), (COUNTDOWN, 1e-4))
+PANELS = ((SOKOBAN, 1e-4), (SOKOBAN, 2e-4), *((task, 1e-4) for task in SECOND_TASKS))
 """The confirmation figure's panels: (task, actor lr)."""
 
 
