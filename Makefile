@@ -45,13 +45,16 @@ demo: model
 	@start=$$SECONDS; $(VENV)/bin/ragen-async train configs/demo.yaml --require-val-success $(DEMO_TARGET) \
 		&& echo "[make] demo: done in $$((SECONDS - start)) s"
 
-# The paper's StarPO-S on Bandit (configs/paper/shape_bandit.yaml: critic, bf16, k = 1, FSDP over gloo on 2 ranks,
-# vLLM on CPU, every weight sync verified) at Qwen2.5-0.5B's shape with random weights (built once, about 1 GB) and
-# 65,536 of its 151,936 embedding rows (the full vocabulary does not fit 24 GiB: ragen_async/bench/paper_shape.py,
-# DEFAULT_VOCAB; --vocab 151936 on a larger machine): 2 learner steps, a checkpoint, --resume for a third; prints each
-# phase's time and each process's peak memory, exits non-zero when a check fails. <= 30 min on 2 cores and most of
-# the machine's memory: run it on a quiet machine, before submitting a change to the learner, weight sync or
-# checkpoints. Not part of `make test`. PAPER_SHAPE_ARGS="--layers 2" is a quick variant (a few minutes).
+# The paper's StarPO-S on Bandit (configs/paper/shape_bandit.yaml: critic, bf16, k = 1, 2 learner ranks over gloo,
+# vLLM on CPU, every weight sync checked byte for byte; 4 groups through the std filter, uneven shards, two optimizer
+# steps and several micro-batches a step) at Qwen2.5-0.5B's widths with random weights and 65,536 of its 151,936
+# embedding rows (the full vocabulary does not fit 24 GiB: ragen_async/bench/paper_shape.py, DEFAULT_VOCAB): 2
+# learner steps, a checkpoint, --resume for a third; prints each phase's time and each process's peak memory, exits
+# non-zero when a check fails. Two variants (ragen_async/bench/paper_shape.py, VARIANTS): by default the paper
+# configs' DDP with the reference model at the layer count that fits two replicas; PAPER_SHAPE_ARGS="--strategy fsdp"
+# FSDP at the full 24 layers. Each <= 30 min on 2 cores and most of the machine's memory: run it on a quiet machine,
+# before submitting a change to the learner, weight sync or checkpoints. Not part of `make test`.
+# PAPER_SHAPE_ARGS="--layers 2" is a quick variant (a few minutes).
 PAPER_SHAPE_ARGS ?=
 paper-shape: model
 	@$(PY) scripts/paper_shape.py $(PAPER_SHAPE_ARGS)

@@ -409,6 +409,8 @@ class TrajectoryBuffer:
                 "batch/num_loss_tokens": float(batch_num_tokens),
                 "batch/shard_tokens_max": float(max(shard_tokens)),
                 "batch/shard_tokens_min": float(min(shard_tokens)),
+                "batch/shard_seqs_max": float(max(len(s.trajectories) for s in shards)),
+                "batch/shard_seqs_min": float(min(len(s.trajectories) for s in shards)),
                 "rollout/buffer_wait_s": float(np.mean([now - t for t in arrived])),
             }
         )

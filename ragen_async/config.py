@@ -202,7 +202,10 @@ class InferenceConfig(_Strict):
     kv_cache_gib: float = 1.0
     """CPU KV-cache size (``VLLM_CPU_KVCACHE_SPACE``)."""
     tensor_parallel_size: int = Field(1, ge=1)
-    """vLLM tensor-parallel degree of each rollout actor's engine (GPU; give the actor as many GPUs)."""
+    """vLLM tensor-parallel degree of each rollout actor's engine (GPU; give the actor as many GPUs: a
+    ``rollout.gpus_per_worker`` above 0 but below it is refused)."""
+    enforce_eager: bool | None = None
+    """vLLM eager mode: ``null`` = CUDA graphs on GPU, eager on CPU; ``true`` forces eager; ``false`` on CPU is refused."""
     kv_on_update: Literal["keep", "recompute"] = "keep"
     """In-flight weight update (running requests are paused, never dropped): ``keep`` continues them on
     their old-weights KV cache (PipelineRL-style); ``recompute`` clears the cache so they recompute their
@@ -264,8 +267,11 @@ class WeightSyncConfig(_Strict):
     timeout_s: float = Field(120.0, gt=0)
     """Seconds a weight sync may take before it fails (the learner ranks' own group: ``learner.group_timeout_s``)."""
     verify_every: int = Field(0, ge=0)
-    """Every this many syncs, compare each engine's log-probs of a fixed probe sequence with the
-    learner's under the version published (fixed lag: the older one), as ``weight_sync/probe_max_abs_diff``; 0 = never."""
+    """At the first sync and every this many syncs, check byte for byte that each engine computes with exactly
+    the tensors published (fixed lag: the older version); a difference stops the run; 0 = never."""
+    probe: bool = True
+    """With ``verify_every``: every this many syncs also compare each engine's log-probs of a fixed sequence
+    with the learner's (``weight_sync/probe_max_abs_diff``): a check of the forward, not only the weights."""
 
 
 class TransportConfig(_Strict):
@@ -320,7 +326,7 @@ class RunConfig(_Strict):
     played (``rollout.seed``) and the validation samples stay fixed, so runs that differ only here are paired."""
     run_root: str = "runs"
     """Folder under which each run gets its own directory; on a multi-node run (``runtime: ray``) an absolute
-    path on storage every node shares (a relative one is refused)."""
+    path on storage every node shares (a relative one, or one some node does not see, is refused)."""
     checkpoint_every: int = Field(0, ge=0)
     """Save a checkpoint every this many steps (0 = only at the end; a run that fails between steps also
     saves its last completed step)."""
@@ -363,6 +369,11 @@ class RunConfig(_Strict):
         if self.runtime == "local" and (self.staleness.max_staleness != 0 or self.staleness.fixed_lag):
             raise ValueError("runtime: local is the synchronous loop (staleness 0); set runtime: ray to train "
                              "with staleness.max_staleness > 0 or fixed_lag")
+        tp, gpus = self.inference.tensor_parallel_size, self.rollout.gpus_per_worker
+        if tp > 1 and 0 < gpus < tp:
+            raise ValueError(f"inference.tensor_parallel_size={tp} runs {tp} engine workers, each on its own GPU, but "
+                             f"rollout.gpus_per_worker={gpus:g} gives each rollout actor fewer; set "
+                             f"rollout.gpus_per_worker={tp} (or tensor_parallel_size <= gpus_per_worker)")
         if self.agent.max_tokens_per_turn + 64 > self.inference.max_model_len:
             raise ValueError("agent.max_tokens_per_turn must leave room for a prompt inside inference.max_model_len")
         if self.weight_sync.backend == "rpc" and self.learner.strategy == "fsdp" and self.learner.num_ranks > 1:

@@ -52,6 +52,7 @@ from ragen_async.rundir import DRIVER_STATE, RunDir, finalize_checkpoint, refuse
 from ragen_async.runtime import Runtime
 from ragen_async.staleness import AdaptiveBound
 from ragen_async.weight_sync.probe import check_probe
+from ragen_async.weight_sync.verify import check_served, needed_digests
 
 log = logging.getLogger(__name__)
 
@@ -352,12 +353,23 @@ class Trainer:
             await self.runtime.admission.set_published_version(self.version)
         self.syncs += 1
         every = self.cfg.weight_sync.verify_every
-        if every and self.syncs % every == 0:  # under fixed lag against the older version the engines got
+        if every and (self.syncs == 1 or self.syncs % every == 0):  # under fixed lag: the older version sent
+            out.update(await self.verify_weights(target))
+        if every and self.cfg.weight_sync.probe and self.syncs % every == 0:
             learner_lp, engine_lps = await self.runtime.probe(probe_ids(self.runtime.vocab_size), target)
             # Above the dtype's tolerance an engine samples from other weights than the learner's: stop.
             out["weight_sync/probe_max_abs_diff"] = check_probe(learner_lp, engine_lps, version=target,
                                                                 dtype=self.cfg.model.dtype)
         return out
+
+    async def verify_weights(self, version: int) -> dict[str, float]:
+        """The byte-exact weight check: every engine's served tensors against learner rank 0's digests of
+        ``version`` (``weight_sync/verify.py``); raises ``WeightSyncMismatch`` naming engine, tensor, version."""
+        t0 = time.perf_counter()
+        served = await self.runtime.served_weights()
+        expected = await self.runtime.published_digests(version, needed_digests(entries for _, entries in served))
+        checked = check_served(expected, served, version=version)
+        return {"weight_sync/verify_s": time.perf_counter() - t0, "weight_sync/verified_tensors": float(checked)}
 
     def record(self, o: StepOutcome) -> dict[str, Any]:
         """The step's ``metrics.jsonl`` record."""

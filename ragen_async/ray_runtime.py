@@ -43,7 +43,7 @@ from ragen_async.learner.actor import LearnerActor
 from ragen_async.learner.learner import TrainResult, merge_rank_metrics
 from ragen_async.protocol import AnyGroup, BatchShard, TrajectoryGroup
 from ragen_async.rollout.actor import GateActor, RolloutActor
-from ragen_async.rundir import refuse_relative
+from ragen_async.rundir import refuse_relative, refuse_unshared
 from ragen_async.runtime import Admission, Runtime
 from ragen_async.transport import bind_address, make_receiver, make_sender
 from ragen_async.weight_sync import WeightSyncTimeout, resolve_backend
@@ -74,6 +74,34 @@ def multi_node() -> str | None:
         if alive > 1:
             return f"the Ray cluster has {alive} alive nodes"
     return None
+
+
+@ray.remote(num_cpus=0)
+def _read_marker(path: str) -> str | None:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
+SHARED_CHECK_TIMEOUT_S = 120.0
+"""How long :func:`blind_nodes` waits for the nodes' answers."""
+
+
+def blind_nodes(marker: Path, token: str) -> list[str]:
+    """The alive Ray nodes (by address) that do not read ``token`` in the file ``marker``: a task pinned to each
+    reads it there (:func:`~ragen_async.rundir.refuse_unshared`)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    reads = [_read_marker.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+             .remote(str(marker)) for n in nodes]
+    try:
+        texts = ray.get(reads, timeout=SHARED_CHECK_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError:
+        raise RuntimeError(f"checking that every node sees {marker.parent}: no answer from every node within "
+                           f"{SHARED_CHECK_TIMEOUT_S:g} s") from None
+    return [n["NodeManagerAddress"] for n, text in zip(nodes, texts, strict=True) if text != token]
 
 
 def check_cluster_fits(cfg: RunConfig, resources: dict[str, float]) -> None:
@@ -122,7 +150,8 @@ class RayRuntime(Runtime):
     def __init__(self, cfg: RunConfig, log_dir: Path | None = None, pool: EnginePool | None = None,
                  run_dir_given: tuple[str | Path, str] | None = None):
         """``run_dir_given``: the run directory as the user gave it and how (``run_root``, ``--run-dir``,
-        ``--resume``): refused, before any actor starts, if it is relative and the cluster has several nodes."""
+        ``--resume``): refused, before any actor starts, if the cluster has several nodes and it is relative or
+        not the same folder on every node (a node-local path such as ``/tmp``)."""
         self.cfg = cfg
         self.log_dir = log_dir  # each actor's output goes to a file there (None: the console)
         self.pool = pool  # warm rollout actors to take, and to give back at the end (None: start and end our own)
@@ -145,7 +174,10 @@ class RayRuntime(Runtime):
         self._init_ray()
         try:
             if run_dir_given is not None:  # the cluster is known now (a RAY_ADDRESS cluster, e.g. a Ray job's)
-                refuse_relative(*run_dir_given, multi_node())
+                nodes = multi_node()
+                refuse_relative(*run_dir_given, nodes)
+                if nodes is not None:
+                    refuse_unshared(*run_dir_given, blind_nodes)
             self._build()
         except BaseException:
             self.close()  # half-built actors and the Ray we started must not outlive the error
@@ -382,6 +414,13 @@ class RayRuntime(Runtime):
             self._on_learners("probe_logprobs", token_ids, 1.0, version, phase="the weight-sync probe"),
             *[r.probe_logprobs.remote(token_ids) for r in self.rollouts])
         return learner_lps[0], engine_lps
+
+    async def served_weights(self) -> list[tuple[int, list]]:
+        return list(await asyncio.gather(*[r.served_weights.remote() for r in self.rollouts]))
+
+    async def published_digests(self, version: int, needed: list[tuple[str, str]]) -> dict:
+        # every rank: under FSDP the full weights are gathered
+        return (await self._on_learners("published_digests", version, needed, phase="the weight check"))[0]
 
     async def validate(self) -> dict[str, float]:
         """On the first rollout actor's engine (its other groups keep playing meanwhile)."""

@@ -22,8 +22,10 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,6 +113,34 @@ def refuse_relative(path: str | Path, option: str, multi_node: str | None) -> No
            "--resume": "give --resume the run directory's shared absolute path"}[option]
     raise RelativeRunDir(f"{option} {str(path)!r} is relative: on a multi-node run ({multi_node}) each node has "
                          f"its own working directory; {fix}")
+
+
+class UnsharedRunDir(ValueError):
+    """A run directory that some node of a multi-node run does not share (a node-local path)."""
+
+
+def refuse_unshared(path: str | Path, option: str, blind_nodes: Callable[[Path, str], list[str]]) -> None:
+    """Refuse a run directory that is not the same folder on every node, before anything trains: write a marker
+    file holding a random token into it and ask ``blind_nodes(marker, token)`` which nodes do not read that token
+    there. An absolute but node-local path (``/tmp``, ``/dev/shm``, a local disk) exists on every node, each its
+    own: the learner ranks on other nodes would write their checkpoint files out of the driver's sight, and the
+    first checkpoint would fail with nothing saved. ``option`` names where the path came from, as for
+    :func:`refuse_relative`."""
+    folder = Path(path).absolute()
+    token = secrets.token_hex(16)
+    marker = folder / f".shared-check-{token}"
+    marker.write_text(token)
+    try:
+        blind = blind_nodes(marker, token)
+    finally:
+        marker.unlink(missing_ok=True)
+    if blind:
+        fix = {"run_root": "set run_root to a folder on a shared file system, e.g. run_root=/shared/runs",
+               "--run-dir": "give --run-dir on a shared file system, e.g. --run-dir /shared/runs/NAME",
+               "--resume": "resume from the run directory on a shared file system"}[option]
+        raise UnsharedRunDir(f"{option} {str(path)!r} is not shared by every node: a file written there on this "
+                             f"node is not seen from node(s) {', '.join(blind)}, where the learner ranks' checkpoint "
+                             f"files would go to a folder of their own; {fix}")
 
 
 def staging_path(run_dir: RunDir, step: int) -> Path:

@@ -31,6 +31,7 @@ from ragen_async.rollout.engines import make_engine
 from ragen_async.rollout.worker import RolloutWorker, validate_engine
 from ragen_async.staleness import AdmissionController
 from ragen_async.weight_sync.inproc import InProcessPublisher
+from ragen_async.weight_sync.verify import published_digests
 
 
 class Admission(ABC):
@@ -106,6 +107,15 @@ class Runtime(ABC):
         ones, or under fixed lag the published older ones) and from every engine (weight-sync check)."""
 
     @abstractmethod
+    async def served_weights(self) -> list[tuple[int, list]]:
+        """Per engine, the version it serves and what its forward reads (``InferenceEngine.served_weights``)."""
+
+    @abstractmethod
+    async def published_digests(self, version: int, needed: list[tuple[str, str]]) -> dict:
+        """Learner rank 0's digests of the weights published as ``version`` in the dtypes ``needed``
+        (``weight_sync.verify.published_digests``), for the byte-exact weight check."""
+
+    @abstractmethod
     async def validate(self) -> dict[str, float]:
         """Validation episodes on an engine (fixed seeds, validation temperature)."""
 
@@ -171,6 +181,13 @@ class LocalRuntime(Runtime):
     async def probe(self, token_ids: list[int], version: int) -> tuple[list[float], list[list[float]]]:
         assert version == self.learner.policy_version, "the local runtime serves the current version only"
         return self.learner.probe_logprobs(token_ids), [await self.engine.prompt_logprobs(token_ids)]
+
+    async def served_weights(self) -> list[tuple[int, list]]:
+        return [await self.engine.served_weights()]
+
+    async def published_digests(self, version: int, needed: list[tuple[str, str]]) -> dict:
+        assert version == self.learner.policy_version, "the local runtime serves the current version only"
+        return published_digests(self.learner.full_weights(), needed)
 
     async def validate(self) -> dict[str, float]:
         return await validate_engine(self.cfg, self.engine, self.chat)

@@ -73,3 +73,12 @@ def test_cross_field_checks():
         load_config(None, ["runtime=ray", "staleness.max_staleness=null", "staleness.fixed_lag=true"])
     with pytest.raises(ConfigError, match="keeps no group"):
         load_config(None, ["algo.filter_ratio=0.05", "rollout.envs=[{tag: Bandit, n_groups: 4}]"])
+
+
+def test_tensor_parallel_engines_need_a_gpu_per_worker():
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size=2 runs 2 engine workers, each on its own GPU, but "
+                                          r"rollout\.gpus_per_worker=1 .* set rollout\.gpus_per_worker=2"):
+        load_config(None, ["rollout.gpus_per_worker=1", "inference.tensor_parallel_size=2"])
+    load_config(None, ["rollout.gpus_per_worker=2", "inference.tensor_parallel_size=2"])
+    load_config(None, ["rollout.gpus_per_worker=0.5"])  # one worker: a share of a GPU is enough
+    load_config(None, ["inference.tensor_parallel_size=2"])  # CPU engines: no GPUs to count

@@ -76,6 +76,12 @@ class LaggedRuntime(Runtime):
     async def probe(self, token_ids, version):
         raise AssertionError("not used")
 
+    async def served_weights(self):
+        raise AssertionError("not used")
+
+    async def published_digests(self, version, needed):
+        raise AssertionError("not used")
+
     async def validate(self) -> dict[str, float]:
         version = self.served
         for _ in range(2 * TURNS):

@@ -99,6 +99,12 @@ class SimRuntime(Runtime):
     async def probe(self, token_ids):
         raise AssertionError("not used")
 
+    async def served_weights(self):
+        raise AssertionError("not used")
+
+    async def published_digests(self, version, needed):
+        raise AssertionError("not used")
+
     async def validate(self):
         return {}
 

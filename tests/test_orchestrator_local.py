@@ -111,6 +111,8 @@ def test_three_steps_with_vllm_and_weights_reach_the_engine(tiny_model_path, tmp
     assert runtime.engine.policy_version == 3
     # float32 on both sides; kernels differ only in reduction order (see tests/inference for the bound).
     assert all(r["weight_sync/probe_max_abs_diff"] < 2e-3 for r in steps)
+    # and byte for byte: every tensor the engine's forward reads is what the learner published
+    assert all(r["weight_sync/verified_tensors"] > 0 for r in steps)
 
 
 def test_a_damaged_checkpoint_is_detected_and_the_previous_one_used(tiny_model_path, tmp_path, caplog):

@@ -248,6 +248,42 @@ def test_the_ray_runtime_refuses_a_relative_run_dir_once_it_sees_several_nodes(m
         RayRuntime(cfg, run_dir_given=("runs", "run_root"))
 
 
+# ---------------------------------------------------------------- an absolute but node-local run_root on several nodes
+def test_refuse_unshared_names_the_path_the_blind_nodes_and_the_fix(tmp_path):
+    """Each node is asked whether it reads the marker the driver wrote, while it is there; the marker is gone
+    afterwards, whatever the answer."""
+    asked = []
+
+    def one_blind_node(marker, token):
+        asked.append(marker.read_text() == token and marker.parent == tmp_path)
+        return ["10.0.0.2"]
+
+    with pytest.raises(rundir.UnsharedRunDir) as info:
+        rundir.refuse_unshared(str(tmp_path), "run_root", one_blind_node)
+    assert str(info.value) == (f"run_root {str(tmp_path)!r} is not shared by every node: a file written there on "
+                               "this node is not seen from node(s) 10.0.0.2, where the learner ranks' checkpoint "
+                               "files would go to a folder of their own; set run_root to a folder on a shared file "
+                               "system, e.g. run_root=/shared/runs")
+    assert asked == [True] and list(tmp_path.iterdir()) == []
+    rundir.refuse_unshared(tmp_path, "--resume", lambda marker, token: [])  # every node sees it: fine
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_ray_runtime_refuses_a_node_local_run_dir_before_any_actor_starts(tmp_path, monkeypatch):
+    """An absolute path that is a folder of its own on each node (``/tmp/runs``) passes the relative check; the
+    runtime asks every node whether it sees a file written there, before any actor starts."""
+    from ragen_async import ray_runtime
+    from ragen_async.ray_runtime import RayRuntime
+
+    monkeypatch.setattr(RayRuntime, "_init_ray", lambda self: None)
+    monkeypatch.setattr(RayRuntime, "_build", lambda self: pytest.fail("actors started"))
+    monkeypatch.setattr(ray_runtime, "multi_node", lambda: "SLURM_JOB_NUM_NODES=2")
+    monkeypatch.setattr(ray_runtime, "blind_nodes", lambda marker, token: ["10.0.0.2"])
+    cfg = load_config(None, ["runtime=ray", f"run_root={tmp_path}"])
+    with pytest.raises(rundir.UnsharedRunDir, match=rf"^run_root '{tmp_path}' is not shared by every node: .*10\.0\.0\.2"):
+        RayRuntime(cfg, run_dir_given=(str(tmp_path), "run_root"))
+
+
 def test_learner_ranks_get_absolute_checkpoint_paths(tmp_path, monkeypatch):
     """A rank's working directory need not be the driver's: the paths it is sent are absolute."""
     from ragen_async.ray_runtime import RayRuntime

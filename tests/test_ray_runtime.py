@@ -423,3 +423,20 @@ def test_the_runtime_s_counters_travel_with_the_checkpoint(tmp_path):
     after.learners, after.restarts, after.abandoned = [Learner()], 0, 0
     assert asyncio.run(after.load(tmp_path)) == 7
     assert (after.restarts, after.abandoned) == (2, 5)
+
+
+def test_every_alive_node_is_asked_whether_it_sees_the_run_directory_s_marker(tmp_path):
+    """``blind_nodes`` pins a task to each alive node (this session: one) to read the marker: a node that reads
+    the token sees the driver's folder; one that reads nothing or something else is named."""
+    import ray
+
+    from ragen_async.ray_runtime import blind_nodes
+
+    marker = tmp_path / ".shared-check"
+    marker.write_text("token")
+    assert blind_nodes(marker, "token") == []
+    this_node = [n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]]
+    assert len(this_node) == 1
+    assert blind_nodes(marker, "another run's token") == this_node
+    marker.unlink()
+    assert blind_nodes(marker, "token") == this_node

@@ -10,10 +10,13 @@ on the CPUs of one machine.
    The default vocabulary is :data:`DEFAULT_VOCAB` (65,536), not 151,936: at the full vocabulary actor and
    critic do not fit beside the engine in 24 GiB (see there).
 2. **Run.** ``configs/paper/shape_bandit.yaml`` (StarPO-S with the critic on Bandit, the paper's settings with the
-   batch made small and the hardware CPU: Ray, 1 rollout actor with vLLM on CPU, 2 learner ranks with FSDP
-   over gloo, ``weight_sync.verify_every: 1``, bf16), through the real CLI: run 1 trains 2 steps and saves a
-   checkpoint; its saved config is extended to ``total_steps: 3`` and ``ragen-async train --resume`` trains
-   step 3 from that checkpoint.
+   batch made small and the hardware CPU: Ray, 1 rollout actor with vLLM on CPU, 2 learner ranks over gloo,
+   ``weight_sync.verify_every: 1``, bf16; 4 groups of 3 through the std filter, which keeps 3: 9 trajectories, so
+   the ranks' shards are uneven; 2 mini-batches of micro-batches of 2), in one of two variants
+   (:data:`VARIANTS`, ``--strategy``): ``ddp``, the paper configs' own strategy, with the reference model (KL
+   loss), at the layer count that fits two replicas; ``fsdp`` at the full 24 layers. Through the real CLI: run 1
+   trains 2 steps and saves a checkpoint; its saved config is extended to ``total_steps: 3`` and ``ragen-async
+   train --resume`` trains step 3 from that checkpoint.
 3. **Figures.** The time of each phase (model build, each run, engine start-up from the engine's log, each
    learner step from ``metrics.jsonl``'s timing keys, each checkpoint as seen on disk) and the peak memory
    (RSS) of every process of each run's tree (driver, Ray's daemons, learner ranks, rollout actor, vLLM
@@ -21,9 +24,12 @@ on the CPUs of one machine.
 4. **Checks**, one line each: run 1 exits 0 at step 2; its checkpoint is complete (manifest verified); run 2
    resumes it (steps 1-2 untouched) and reaches step 3; every weight sync's probe
    (``weight_sync/probe_max_abs_diff``: engine vs learner log-probs of a fixed sequence) is present and within
-   the tolerance of ``model.dtype``; the final checkpoint's actor differs from the base model in more than half
-   of its weights. The last line is ``paper-shape: OK ...`` with the figures, or ``paper-shape: FAILED ...``
-   (exit status 1).
+   the tolerance of ``model.dtype``; the learner took the paths a one-shard, one-pass step never takes
+   (:func:`learner_path_checks`: uneven shards, several micro-batches with the padded path, two optimizer steps,
+   the std filter over several groups, the reference model in the DDP variant) and every sync passed the
+   byte-exact weight check; the final checkpoint's actor differs from the base model in more than half of its
+   weights. The last line is ``paper-shape: OK`` with the strategy, layers, the compute dtype the learner used
+   (``learner/compute_bits``), each check passed and the figures, or ``paper-shape: FAILED ...`` (exit status 1).
 
 Its length (over the project's ~600 lines per module): build, runs, memory watch, checks and the report line are
 one end-to-end check whose parts are used nowhere else.
@@ -87,6 +93,15 @@ MIN_AVAILABLE_GIB = 0.75
 """Below this much available memory the run is stopped (SIGTERM) rather than left to the OOM killer."""
 BUDGET_S = 30 * 60
 """What `make paper-shape` may take on the 2-core machine (issue 49)."""
+VARIANTS: dict[str, dict[str, Any]] = {
+    "ddp": {"layers": 8, "overrides": ["learner.strategy=ddp", "algo.kl_coef=0.001"]},
+    "fsdp": {"layers": QWEN_0_5B["num_hidden_layers"], "overrides": ["learner.strategy=fsdp"]},
+}
+"""The two runs of ``make paper-shape``: the paper configs' DDP (actor, critic and the reference model replicated on
+each rank with fp32 masters, gradients and AdamW state: the full 24 layers need about 16 GB a rank, so fewer layers
+with the same widths, heads, vocabulary and tied head) and FSDP at the full shape (``--strategy``)."""
+COMPUTE_NAMES = {16.0: "bf16", 32.0: "fp32", None: "unreported"}
+"""``learner/compute_bits`` (what the learner's matmuls produced) as the report names it."""
 BUILD_INFO = "build_info.json"
 _NOT_TOKENIZER = ("config.json", "generation_config.json", BUILD_INFO)
 
@@ -501,12 +516,50 @@ def weights_moved(base: Path, actor: Path) -> tuple[float, int, dict[str, int]]:
 class Checks:
     def __init__(self) -> None:
         self.failed: list[str] = []
+        self.passed: list[str] = []
 
     def __call__(self, name: str, ok: bool, detail: str = "") -> bool:
+        """One check's line; ``name`` up to its first " (" is what the report line lists."""
         print(f"[paper-shape] check {'PASS' if ok else 'FAIL'}: {name}{f' ({detail})' if detail else ''}", flush=True)
-        if not ok:
-            self.failed.append(name)
+        (self.passed if ok else self.failed).append(name.split(" (")[0])
         return ok
+
+
+def learner_path_checks(steps: list[dict[str, Any]], cfg: Any) -> list[tuple[str, bool, str]]:
+    """``(name, passed, detail)`` for each part of the paper's learner that the run must have taken, from its step
+    records: uneven shards, several micro-batches a rank (the padded path), two optimizer steps a learner step, the
+    std filter over several groups, the reference model when the config has one, and the byte-exact weight check
+    at every sync."""
+    def every(key: str, pred) -> tuple[bool, str]:
+        vals = [r.get(key) for r in steps]
+        return bool(vals) and all(v is not None and pred(v) for v in vals), "/".join(
+            "absent" if v is None else f"{v:g}" for v in vals)
+
+    out = []
+    ok_max, maxes = every("batch/shard_seqs_max", lambda v: True)
+    uneven = ok_max and all(r["batch/shard_seqs_max"] > r.get("batch/shard_seqs_min", math.inf) for r in steps)
+    mins = "/".join(f"{r.get('batch/shard_seqs_min', math.nan):g}" for r in steps)
+    out.append(("uneven shards (trajectories per rank differ)", uneven, f"most {maxes}, fewest {mins} per step"))
+    ok, micro = every("learner/micro_batches", lambda v: v > 1)  # a mean over the step's optimizer steps
+    ok_pad, padded = every("learner/padded_micro_batches", lambda v: True)
+    padded_any = ok_pad and any(r["learner/padded_micro_batches"] > 0 for r in steps)
+    out.append(("several micro-batches in an optimizer step, the padded path taken", ok and padded_any,
+                f"micro-batches per optimizer step {micro} (mean), padded ones {padded} (all ranks)"))
+    ok, n_opt = every("learner/optimizer_steps", lambda v: v >= 2)
+    out.append(("two optimizer steps per learner step (PPO ratio off 1)", ok, f"optimizer steps {n_opt}"))
+    kept = cfg.rollout.groups_per_step if cfg.algo.filter_mode == "none" else \
+        int(cfg.algo.filter_ratio * cfg.rollout.groups_per_step)
+    ok, groups = every("batch/num_groups", lambda v: v == kept)
+    out.append(("the std filter over several groups", ok and cfg.algo.filter_mode == "std" and
+                1 < kept < cfg.rollout.groups_per_step,
+                f"{cfg.algo.filter_mode} filter kept {groups} of {cfg.rollout.groups_per_step} groups"))
+    if cfg.algo.use_ref:
+        ok, kl = every("actor/kl_loss", math.isfinite)
+        out.append(("the reference model (KL loss)", ok, f"kl_coef {cfg.algo.kl_coef:g}, KL loss {kl}"))
+    ok, n = every("weight_sync/verified_tensors", lambda v: v > 0)
+    _, secs = every("weight_sync/verify_s", lambda v: True)
+    out.append(("every weight sync byte-exact", ok, f"{n} tensors checked per engine, {secs} s per check"))
+    return out
 
 
 def psutil_total() -> int:
@@ -549,8 +602,11 @@ def build_in_subprocess(out: Path, layers: int, vocab: int, seed: int, force: bo
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="paper_shape", description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=QWEN_0_5B["num_hidden_layers"],
-                        help="decoder layers (default: Qwen2.5-0.5B's 24)")
+    parser.add_argument("--strategy", choices=sorted(VARIANTS), default="ddp",
+                        help="the learner's strategy: ddp (the paper configs' own, with the reference model, at "
+                             f"{VARIANTS['ddp']['layers']} layers) or fsdp (the full 24 layers)")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="decoder layers (default: the variant's; Qwen2.5-0.5B has 24)")
     parser.add_argument("--vocab", type=int, default=DEFAULT_VOCAB,
                         help=f"embedding rows (default {DEFAULT_VOCAB}, what fits 24 GiB; Qwen2.5-0.5B has 151936; "
                              "at least the tokenizer's)")
@@ -564,6 +620,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rebuild", action="store_true", help="rebuild the model even if a build with its key exists")
     parser.add_argument("overrides", nargs="*", help="extra dotted config overrides for run 1 (e.g. inference.kv_cache_gib=0.2)")
     args = parser.parse_args(argv)
+    if args.layers is None:
+        args.layers = VARIANTS[args.strategy]["layers"]
     os.chdir(REPO)
     try:
         return _run(args)
@@ -587,7 +645,8 @@ def _run(args: argparse.Namespace) -> int:
     build_s, built, build_rss = build_in_subprocess(model_dir, args.layers, args.vocab, args.seed, args.rebuild)
     info = json.loads((model_dir / BUILD_INFO).read_text())
 
-    overrides = [f"model.path={model_dir}", f"total_steps={FIRST_RUN_STEPS}", *args.overrides]
+    variant = VARIANTS[args.strategy]
+    overrides = [f"model.path={model_dir}", f"total_steps={FIRST_RUN_STEPS}", *variant["overrides"], *args.overrides]
     cfg = load_config(CONFIG, overrides)
     tol = PROBE_TOLERANCE[cfg.model.dtype]
     log(f"config: {CONFIG} (inherits configs/paper/starpo_s_bandit.yaml) + {' '.join(overrides)}")
@@ -649,7 +708,11 @@ def _run(args: argparse.Namespace) -> int:
     checks(f"every weight sync's probe agrees within {tol:g} ({cfg.model.dtype})",
            len(diffs) == want and not bad, shown or "no step records")
 
-    # --- 5. the actor moved
+    # --- 5. the paths of the paper's learner that a one-shard, one-pass step never takes
+    for name, ok, detail in learner_path_checks(steps, cfg):
+        checks(name, ok, detail)
+
+    # --- 6. the actor moved
     final = run_dir / "checkpoints" / f"step_{max(diffs, default=0):06d}" / "actor"
     if final.is_dir():
         share, n, dtypes = weights_moved(model_dir, final)
@@ -691,7 +754,13 @@ def _run(args: argparse.Namespace) -> int:
     peak_total = max(p.watch.peak_total_pss for p in phases)
     top = max((s for p in phases for s in p.watch.procs.values()), key=lambda s: s.peak_rss, default=None)
     step_times = "/".join(f"{r['timing/step_s']:.0f}" for r in steps)
-    figures = (f"total {total_s / 60:.1f} min (model {build_s:.0f} s, " +
+    bits = {r.get("learner/compute_bits") for r in steps}
+    computed = "/".join(COMPUTE_NAMES.get(b, str(b)) for b in sorted(bits, key=str))
+    verify = [r["weight_sync/verify_s"] for r in steps if "weight_sync/verify_s" in r]
+    variant_line = (f"{cfg.learner.strategy} over {cfg.learner.backend}, {cfg.learner.num_ranks} ranks, {args.layers} "
+                    f"layers, compute {computed} (model.dtype {cfg.model.dtype}), byte-exact weight check "
+                    f"{max(verify, default=math.nan):.1f} s at most; checks: {', '.join(checks.passed)}")
+    figures = (f"{variant_line} | total {total_s / 60:.1f} min (model {build_s:.0f} s, " +
                ", ".join(f"{p.name.split(' (')[0]} {p.wall_s:.0f} s" for p in phases) +
                f"), steps {step_times} s, peak memory {_gib(peak_total)} PSS total, max per process "
                f"{_gib(top.peak_rss) if top else '?'} RSS ({top.label if top else '?'}); "

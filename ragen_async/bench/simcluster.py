@@ -530,6 +530,12 @@ class SimRuntime(RayRuntime):
     async def probe(self, token_ids: list[int], version: int) -> tuple[list[float], list[list[float]]]:
         raise RuntimeError("the simulated cluster has no weights to probe (weight_sync.verify_every=0)")
 
+    async def served_weights(self) -> list[tuple[int, list]]:
+        raise RuntimeError("the simulated cluster has no weights to check (weight_sync.verify_every=0)")
+
+    async def published_digests(self, version: int, needed: list[tuple[str, str]]) -> dict:
+        raise RuntimeError("the simulated cluster has no weights to check (weight_sync.verify_every=0)")
+
     async def validate(self) -> dict[str, float]:
         raise RuntimeError("the simulated cluster has no policy to validate (validation.every=0)")
 

@@ -102,6 +102,13 @@ class InferenceEngine(ABC):
         """Replace (some of) the weights in place with checkpoint-format (HF) names and set the
         version. Requests in flight continue on the new weights."""
 
+    async def served_weights(self) -> tuple[int, list]:
+        """``(the version served, one ServedEntry per tensor the forward reads)``
+        (:mod:`ragen_async.weight_sync.verify`): what the byte-exact weight check compares with the learner's
+        published tensors. Engines without weights cannot take part in the check."""
+        raise NotImplementedError(f"{type(self).__name__} cannot report the weights it serves, so the byte-exact "
+                                  "weight check cannot run on it (weight_sync.verify_every: 0 turns the checks off)")
+
     @abstractmethod
     async def pause(self) -> None:
         """Stop scheduling, keeping in-flight requests (they continue after :meth:`resume`)."""
@@ -114,10 +121,22 @@ class InferenceEngine(ABC):
     def shutdown(self) -> None:
         """Release the engine's resources. Idempotent."""
 
+    failure: str | None = None
+    """Why the engine was declared unusable (:meth:`mark_failed`), or ``None``."""
+
+    def mark_failed(self, reason: str) -> None:
+        """Declare the engine unusable for good, e.g. after a weight update that stopped half way left it with
+        weights of no version: from now on it is :attr:`dead`, so its rollout actor exits (to be replaced where
+        the runtime replaces actors); the vLLM and fake engines also refuse every request. Idempotent: the
+        first reason stays."""
+        if self.failure is None:
+            self.failure = reason
+
     @property
     def dead(self) -> bool:
-        """The engine failed for good (e.g. its engine-core process died): every call will fail."""
-        return False
+        """The engine failed for good (e.g. its engine-core process died, or :meth:`mark_failed`): every call
+        will fail."""
+        return self.failure is not None
 
 
 def token_versions_or_default(gen: Generation) -> list[int]:

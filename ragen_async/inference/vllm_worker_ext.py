@@ -32,7 +32,7 @@ worker's (the CPU worker already has e.g. ``update_weights``).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -65,6 +65,81 @@ def _aliases(model: torch.nn.Module, buffers: Sequence[torch.Tensor]) -> bool:
         if ptr and any(lo <= ptr < hi for lo, hi in spans):
             return True
     return False
+
+
+PROBE_OUT_BYTES = 64 << 20
+"""Largest output of one identity block when a linear layer's weight is read back through its kernel."""
+
+
+def kernel_weight(layer: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The weight ``layer``'s kernel computes with, read back through that kernel: its quant method's
+    ``apply`` (what the forward calls; on CPU a GEMM handle that packed the weight at load time, which is not
+    the ``weight`` Parameter) on blocks of the identity, without the bias. Each output is a weight times 1
+    summed with zeros, so in any float dtype the result holds the weight's exact values, ``[out, in]``."""
+    k = int(getattr(layer, "input_size_per_partition", 0) or getattr(layer, "embedding_dim", 0))
+
+    def block(start: int, rows: int) -> torch.Tensor:  # columns start .. start + rows of the weight
+        eye = torch.zeros(rows, k, dtype=dtype, device=device)
+        idx = torch.arange(rows, device=device)
+        eye[idx, start + idx] = 1
+        return layer.quant_method.apply(layer, eye, bias=None).t()
+
+    with torch.no_grad():
+        first = block(0, 1)
+        out = torch.empty(first.shape[0], k, dtype=first.dtype, device=first.device)
+        out[:, :1] = first
+        step = max(1, PROBE_OUT_BYTES // max(1, first.numel() * first.element_size()))
+        for start in range(1, k, step):
+            rows = min(step, k - start)
+            out[:, start: start + rows] = block(start, rows)
+    return out
+
+
+def served_tensors(model: torch.nn.Module, dtype: torch.dtype, device: torch.device
+                   ) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """``(checkpoint name, module, values)`` for every tensor the model's forward reads, one at a time: linear
+    layers' and the output head's weights through their kernels (:func:`kernel_weight`), split back into the
+    checkpoint's tensors where vLLM fused them (``packed_modules_mapping``: q/k/v, gate/up); biases, norms
+    and the embedding as they are (their forward reads the Parameter). A tied head stands for the
+    embedding's checkpoint tensor. Tensor parallelism > 1 is refused: a worker holds shards then."""
+    from vllm.model_executor.layers.linear import LinearBase
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    packed = dict(getattr(model, "packed_modules_mapping", None) or {})
+    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    embedding = ""
+    for mname, module in model.named_modules():
+        if int(getattr(module, "tp_size", 1)) > 1:
+            raise WeightSyncError(f"byte-exact weight check: {mname} is split over {module.tp_size} tensor-parallel "
+                                  "workers; the check needs tensor_parallel_size 1 (weight_sync.verify_every: 0 "
+                                  "turns it off)")
+        prefix = f"{mname}." if mname else ""
+        if isinstance(module, ParallelLMHead):
+            if tied and not embedding:
+                raise WeightSyncError(f"byte-exact weight check: {mname} is tied, but no embedding came before it")
+            yield (embedding if tied else f"{prefix}weight"), mname, \
+                kernel_weight(module, dtype, device)[: module.org_vocab_size]
+            continue
+        if isinstance(module, VocabParallelEmbedding):
+            embedding = f"{prefix}weight"
+            yield embedding, mname, module.weight[: module.org_vocab_size]
+            continue
+        if isinstance(module, LinearBase):
+            parts = packed.get(mname.rsplit(".", 1)[-1], [])
+            sizes = list(getattr(module, "output_partition_sizes", []))
+            names = ([f"{mname.rsplit('.', 1)[0]}.{p}" if "." in mname else p for p in parts]
+                     if parts and len(parts) == len(sizes) else [mname])
+            sizes = sizes if len(names) > 1 else [-1]
+            weight = kernel_weight(module, dtype, device)
+            for name, part in zip(names, weight.split(sizes) if len(names) > 1 else [weight], strict=True):
+                yield f"{name}.weight", mname, part
+            bias = getattr(module, "bias", None)
+            if isinstance(bias, torch.Tensor):
+                for name, part in zip(names, bias.split(sizes) if len(names) > 1 else [bias], strict=True):
+                    yield f"{name}.bias", mname, part
+            continue
+        for pname, param in module.named_parameters(recurse=False):
+            yield f"{prefix}{pname}", mname, param
 
 
 class WeightSyncWorkerExtension:
@@ -104,6 +179,16 @@ class WeightSyncWorkerExtension:
                     quant_method.process_weights_after_loading(module)
         return len(self._ragen_ties)
 
+    def _ragen_served(self) -> list:
+        """The byte-exact weight check's report (:mod:`ragen_async.weight_sync.verify`): a
+        :data:`~ragen_async.weight_sync.verify.ServedEntry` for every tensor this worker's forward reads."""
+        from ragen_async.weight_sync.verify import served_entry
+
+        model = self.model_runner.get_model()
+        device = next(model.parameters()).device
+        return [served_entry(name, by, t)
+                for name, by, t in served_tensors(model, self.vllm_config.model_config.dtype, device)]
+
     def _ragen_reload(self, named: Sequence[tuple[str, torch.Tensor]], version: int) -> dict:
         t0 = time.perf_counter()
         self._ragen_record_ties()
@@ -120,6 +205,16 @@ class WeightSyncWorkerExtension:
             buf = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
             named.append((str(name), buf.view(dtype_from_name(dtype)).view(tuple(int(s) for s in shape))))
         return self._ragen_reload(named, version)
+
+    def _ragen_storage(self) -> dict[str, list[int]]:
+        """``{name: [data_ptr, numel]}`` of every parameter and buffer of the model, tied ones under each name
+        (``lm_head.weight`` beside ``model.embed_tokens.weight``): where each tensor lives. Captured CUDA graphs
+        read those addresses, so they stay valid only while weight updates leave every entry unchanged. On CPU
+        the linear layers' ``weight`` is an empty placeholder (numel 0): their weights live in the GEMM handle
+        vLLM packs at load time, which this cannot see."""
+        model = self.model_runner.get_model()
+        named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+        return {name: [int(t.data_ptr()), int(t.numel())] for name, t in named}
 
     # ---- gloo broadcast group ---------------------------------------------------------------
     def init_weight_group(self, master_address: str, master_port: int, world_size: int, rank: int,

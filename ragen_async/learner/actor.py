@@ -22,6 +22,7 @@ from ragen_async.logfiles import redirect_output
 from ragen_async.protocol import BatchShard
 from ragen_async.transport import CodecError, bind_address, make_receiver
 from ragen_async.weight_sync import RayActorsClient, RingBuffer, make_publisher
+from ragen_async.weight_sync.verify import published_digests
 
 
 def join_learner_group(cfg: RunConfig, backend: str, master_address: str, master_port: int, rank: int,
@@ -168,6 +169,16 @@ class LearnerActor:
         if self.rank != 0:
             return []
         return self.learner.probe_logprobs(token_ids, temperature, weights=dict(self._weights(version)))
+
+    def published_digests(self, version: int, needed: list[tuple[str, str]]) -> dict:
+        """Every rank (a gather under FSDP); rank 0 returns the digests of the weights of ``version`` in the
+        dtypes ``needed`` (the byte-exact weight check), the others ``{}``."""
+        if version == self.learner.policy_version:  # streamed bucket by bucket: one gathered bucket at a time
+            weights = (item for bucket in self.learner.full_weight_buckets() for item in bucket)
+        else:
+            weights = iter(self._weights(version) if self.rank == 0 else [])
+        digests = published_digests(weights, needed)
+        return digests if self.rank == 0 else {}
 
     def policy_version(self) -> int:
         return self.learner.policy_version

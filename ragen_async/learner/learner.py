@@ -30,6 +30,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,9 +48,12 @@ from ragen_async.weight_sync.base import flatten_parameters
 
 log = logging.getLogger(__name__)
 
-ADDITIVE_METRICS = frozenset({"actor/pg_loss", "actor/entropy", "actor/kl_loss", "critic/vf_loss"})
-"""Metrics that are this rank's *share* of a global quantity (they were aggregated with the global
-token/sequence count): sum them over ranks. Every other per-rank metric is a mean: average it."""
+ADDITIVE_METRICS = frozenset({"actor/pg_loss", "actor/entropy", "actor/kl_loss", "critic/vf_loss",
+                              "learner/num_tokens", "learner/padded_micro_batches"})
+"""Metrics that are this rank's *share* of a global quantity (the losses were aggregated with the global
+token/sequence count; ``learner/num_tokens`` counts this rank's trained tokens, ``learner/padded_micro_batches``
+the empty micro-batches it ran to keep step with a rank that had more): sum them over ranks, so the merged
+``learner/num_tokens`` is the batch's. Every other per-rank metric is a mean: average it."""
 
 
 
@@ -110,14 +114,15 @@ def load_actor(path: str, dtype: torch.dtype = precision.MASTER_DTYPE) -> nn.Mod
 
 
 def load_critic(path: str, dtype: torch.dtype = precision.MASTER_DTYPE) -> nn.Module:
-    """A value model from the same base as the actor (RAGEN): the LM body with a 1-output head."""
-    from transformers import AutoModelForTokenClassification
+    """A value model from the same base as the actor (RAGEN): the LM body with a 1-output head, without
+    dropout before the head (set in the config it is built from: Transformers' default is 0.1, which in
+    train mode would make the values random)."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
 
     _check_model_path(path)
-    critic = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=dtype)
-    if hasattr(critic.config, "classifier_dropout"):
-        critic.config.classifier_dropout = 0.0
-    return critic
+    config = AutoConfig.from_pretrained(path, num_labels=1)
+    config.classifier_dropout = 0.0
+    return AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=dtype)
 
 
 class TokenLogits(nn.Module):
@@ -179,6 +184,12 @@ class Learner:
         if cfg.algo.use_ref:
             self.ref = copy.deepcopy(self.actor).eval().requires_grad_(False)
 
+        self.compute_bits = 0.0
+        """Bits per value of the last actor forward's matmul outputs (``learner/compute_bits``): the dtype the
+        learner actually computed in, seen by a hook on the actor's first linear layer."""
+        first_linear = next(m for m in self.actor.modules() if isinstance(m, nn.Linear))
+        first_linear.register_forward_hook(self._record_compute_bits)
+
         self.actor_head = TokenLogits(self.actor)
         self.actor_ddp = self._wrap(self.actor_head)
         self.critic_ddp = self._wrap(self.critic) if self.critic is not None else None
@@ -191,6 +202,9 @@ class Learner:
         self.skipped_steps = 0
         self._probe_model: nn.Module | None = None
         """An unsharded copy of the actor for probing older weights (fixed lag); built on first use."""
+
+    def _record_compute_bits(self, _module: nn.Module, _inputs: Any, output: torch.Tensor) -> None:
+        self.compute_bits = float(output.dtype.itemsize * 8)
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         if not self.distributed:
@@ -208,7 +222,7 @@ class Learner:
         trained = mb.trained.copy()
         trained[:, 0] = False
         token_index = torch.as_tensor(np.flatnonzero(trained), device=self.device)
-        with self._autocast():
+        with self._autocast(model):
             logprobs, entropy = model(ids, token_index - 1, ids.flatten()[token_index], temperature=self.temperature,
                                       chunk_tokens=self.cfg.learner.logits_chunk_tokens, with_entropy=with_entropy)
         logprobs = logprobs.new_zeros(B * T).index_copy(0, token_index, logprobs).view(B, T)
@@ -218,14 +232,15 @@ class Learner:
 
     def _value_forward(self, model: nn.Module, mb: TokenBatch) -> torch.Tensor:
         # Right padding under causal attention needs no attention mask (see TokenLogits).
-        with self._autocast():
+        with self._autocast(model):
             values = model(input_ids=mb.input_ids).logits
         return _shifted(values.float().squeeze(-1))
 
-    def _autocast(self):
-        """Compute in ``compute_dtype`` over the fp32 masters: autocast for a single process and DDP;
-        under FSDP the mixed-precision policy gathers the parameters in that dtype already."""
-        if self.sharded:
+    def _autocast(self, model: nn.Module | None = None):
+        """Compute ``model``'s forward (by default the actor's) in ``compute_dtype`` over the fp32 masters:
+        autocast for a single process, DDP and what FSDP does not shard (the reference model, an unsharded
+        copy); an FSDP module's mixed-precision policy gathers its parameters in that dtype already."""
+        if isinstance(model if model is not None else self.actor_head, FSDPModule):
             return contextlib.nullcontext()
         return precision.autocast(self.device, self.compute_dtype)
 
@@ -376,6 +391,7 @@ class Learner:
                         "timing/learner_advantages_s": t3 - t2, "timing/learner_update_s": t4 - t3})
         metrics["actor/skipped_steps"] = float(self.skipped_steps)
         metrics["learner/optimizer_steps"] = float(n_steps)
+        metrics["learner/compute_bits"] = self.compute_bits
         metrics["learner/num_tokens"] = float(batch.num_trained)
         self.policy_version += 1
         return TrainResult(self.policy_version, metrics)
@@ -388,7 +404,9 @@ class Learner:
         mb_all = batch.select(mini)
         idx = np.arange(batch.size)[mini]
         local_tokens = float(mb_all.num_trained)
-        global_tokens, global_seqs = self._all_reduce_sum(local_tokens, float(mb_all.size))
+        # The seq-mean modes average over rows with a trained token: a row with none is not a sequence there.
+        local_seqs = float(mb_all.trained.any(axis=1).sum())
+        global_tokens, global_seqs = self._all_reduce_sum(local_tokens, local_seqs)
         # DDP averages gradients over ranks; scaling by world_size turns that average into the sum
         # of per-rank contributions, each already normalised by the global count.
         scale = float(self.world_size)
@@ -443,6 +461,8 @@ class Learner:
         # token-weighted means over micro-batches.
         local_w = max(local_tokens, 1e-9)
         metrics = {k: (v if k in ADDITIVE_METRICS else v / local_w) for k, v in sums.items()}
+        metrics["learner/micro_batches"] = float(len(groups))  # every rank runs as many (padded)
+        metrics["learner/padded_micro_batches"] = float(sum(local is None or local.size == 0 for local in groups))
         metrics["actor/grad_norm"] = self._clip_and_step(self.actor, self.actor_opt, count_skips=True)
         if self.critic_opt is not None:
             metrics["critic/grad_norm"] = self._clip_and_step(self.critic, self.critic_opt, count_skips=False)
@@ -493,7 +513,7 @@ class Learner:
         sequence's logits are computed in chunks as in training. ``weights`` (full tensors in Hugging
         Face naming, e.g. an older version kept for fixed lag): computed with those instead, in a
         separate unsharded copy of the actor (loaded once, then overwritten each time)."""
-        head, compute = self.actor_head, self._autocast()
+        head, compute = self.actor_head, self._autocast(self.actor_head)
         if weights is not None:
             compute = precision.autocast(self.device, self.compute_dtype)  # an unsharded copy: autocast
             if self._probe_model is None:

@@ -162,6 +162,9 @@ class RolloutActor:
     async def probe_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
         return await self.worker.engine.prompt_logprobs(token_ids, temperature)
 
+    async def served_weights(self) -> tuple[int, list]:
+        return await self.worker.engine.served_weights()
+
     async def validate(self) -> dict[str, float]:
         """Validation episodes on this actor's engine (fixed seeds, validation temperature)."""
         return await validate_engine(self.cfg, self.worker.engine, self.worker.chat)

@@ -15,7 +15,7 @@ def make_engine(cfg: RunConfig, *, seed: int = 0, weight_transfer_backend: str |
             cfg.model.path, dtype=cfg.model.dtype, max_model_len=inf.max_model_len, seed=seed,
             kv_cache_space_gib=inf.kv_cache_gib, gpu_memory_utilization=inf.gpu_memory_utilization,
             kv_on_update=inf.kv_on_update, tensor_parallel_size=inf.tensor_parallel_size,
-            weight_transfer_backend=weight_transfer_backend)
+            enforce_eager=inf.enforce_eager, weight_transfer_backend=weight_transfer_backend)
     if inf.engine == "hf":
         from ragen_async.inference.hf_engine import HFEngine
 

@@ -342,9 +342,11 @@ class WeightReceiver(ABC):
     """An engine's side of the weight plane; it lives with the engine (in the rollout actor), so the
     engine itself knows nothing about transfers.
 
-    Contract of :meth:`receive`: it returns or raises within ``timeout_s`` (plus the load), and when it
-    raises the engine is serving again with its previous weights and version, and the error names the
-    group, the peer and the phase.
+    Contract of :meth:`receive`: it returns or raises within ``timeout_s`` (plus the load), and the error
+    names the group, the peer and the phase. When it raises, the engine is either serving again with its
+    previous weights and version or, when the failure left its weights part-loaded (NCCL: the workers had
+    started vLLM's update), marked failed (``engine.mark_failed``): dead, serving nothing, its actor exiting.
+    It never serves a mix of versions.
     """
 
     def __init__(self, engine: Any, timeout_s: float):

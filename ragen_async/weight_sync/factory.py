@@ -37,8 +37,6 @@ def make_publisher(backend: Backend, *, address: str, num_receivers: int, timeou
         return GlooBroadcastPublisher(address, 0, num_receivers, timeout_s=timeout_s,
                                       workers_per_engine=workers_per_engine)
     if backend == "nccl":
-        import socket
-
         from ragen_async.weight_sync.nccl import NcclPublisher
 
         if client is None or client.num_engines != num_receivers:
@@ -46,10 +44,8 @@ def make_publisher(backend: Backend, *, address: str, num_receivers: int, timeou
                              f"(got {'none' if client is None else f'one over {client.num_engines}'})")
         client.workers_per_engine = int(workers_per_engine)
         world_size, _ = group_layout(num_receivers, workers_per_engine)
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = int(s.getsockname()[1])
-        return NcclPublisher(address, port, world_size - 1, client, timeout_s=timeout_s)
+        # Port 0: the publisher takes a port from the kernel and holds it until its rendezvous listens there.
+        return NcclPublisher(address, 0, world_size - 1, client, timeout_s=timeout_s)
     from ragen_async.weight_sync.rpc import RpcPublisher
 
     return RpcPublisher()

@@ -11,8 +11,12 @@ After such an error the group is unusable (a thread may still sit in an NCCL cal
 The client addresses every engine's :class:`NcclReceiver` (in-process receivers:
 :class:`LocalReceiversClient`; rollout actors: :class:`RayActorsClient`). It folds vLLM's three update
 calls into one ``receive`` per engine, so an engine's update (pause, start, receive, finish, stamp the
-version, resume) is one call that cannot be left half done: if it fails or times out the engine is
-resumed on its previous weights.
+version, resume) is one call. If it fails or times out before the workers start the update, the engine is
+resumed on its previous weights. Once they started, it cannot be: vLLM's update moves every layer to the meta
+device without a copy of its old tensors and fills each layer when its new ones arrived, so an update stopped
+part way leaves layers of the new version beside empty ones. Such an engine is marked failed
+(``mark_failed``): it stays paused, serves no request, and is dead, so its rollout actor exits (and, since
+actors are not replaced on the NCCL path, the run stops, to be resumed from its latest checkpoint).
 
 Ranks: vLLM's trainer tells every worker ``rank_offset=1``, right for one vLLM instance (its workers take
 ranks 1..W: vLLM 0.32 ``nccl_common.worker_init_process_group`` joins at ``rank_offset`` + the worker's rank
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import socket
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -70,6 +75,22 @@ def _make_source() -> Any:
             return iter(list(self.named))
 
     return StateSource()
+
+
+def reserve_port(address: str) -> socket.socket:
+    """A socket bound to a port the kernel picks on ``address``, with ``SO_REUSEADDR`` and not listening: while
+    it is open the kernel gives that port to no other socket (no ephemeral bind, no outgoing connection), yet
+    vLLM's rendezvous, which binds it with ``SO_REUSEADDR`` as well, can listen there. A port found free and
+    closed at once could be taken by another process before the rendezvous binds it; the engines would then
+    knock on that process's socket until the timeout (the race the learner group's rendezvous had)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((address, 0))
+    except OSError:
+        s.close()
+        raise
+    return s
 
 
 def run_with_timeout(fn: Callable[[], Any], timeout_s: float, what: Callable[[], str]) -> Any:
@@ -216,7 +237,8 @@ class NcclPublisher(WeightPublisher):
     """Learner rank 0 → every engine, over vLLM's NCCL weight-transfer engine.
 
     Args:
-        master_address, master_port: rendezvous (TCPStore) of the transfer group.
+        master_address, master_port: rendezvous (TCPStore) of the transfer group; port 0 takes a port from the
+            kernel, held (:func:`reserve_port`) from here until the rendezvous listens on it in :meth:`connect`.
         num_receivers: total number of inference *workers* (engines × their TP size).
         client: a :class:`ReceiversClient` over every engine's :class:`NcclReceiver`.
         timeout_s: bound on the rendezvous and on each version's transfer.
@@ -229,7 +251,8 @@ class NcclPublisher(WeightPublisher):
         if not torch.cuda.is_available():
             raise WeightSyncError("NcclPublisher needs CUDA on learner rank 0; on CPU use the gloo backend")
         self.master_address = master_address
-        self.master_port = int(master_port)
+        self._reserved = reserve_port(master_address) if int(master_port) == 0 else None
+        self.master_port = int(self._reserved.getsockname()[1]) if self._reserved is not None else int(master_port)
         self.num_receivers = int(num_receivers)
         self.timeout_s = float(timeout_s)
         self.packed = packed
@@ -280,6 +303,8 @@ class NcclPublisher(WeightPublisher):
         except WeightSyncError as err:
             self._broken = str(err)
             raise
+        finally:
+            self._release_port()  # the rendezvous listens on it now (or failed: the group is unusable)
 
     def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         self.connect()
@@ -294,15 +319,22 @@ class NcclPublisher(WeightPublisher):
             self._source.named = []
             self.client.phase = "idle"
 
+    def _release_port(self) -> None:
+        if self._reserved is not None:
+            self._reserved.close()
+            self._reserved = None
+
     def close(self) -> None:
+        self._release_port()
         if self._engine is not None and self._broken is None:
             self._engine.shutdown()
         self._engine = None
 
 
 class NcclReceiver(WeightReceiver):
-    """An engine's side of the NCCL path. The engine provides ``worker_rpc(method, *, kwargs, what)``
-    and ``updating(version)`` (vLLM). The CUDA check happens here, on the process that owns the GPU."""
+    """An engine's side of the NCCL path. The engine provides ``worker_rpc(method, *, kwargs, what)``,
+    ``updating(version)`` and ``mark_failed(reason)`` (vLLM). The CUDA check happens here, on the process that
+    owns the GPU."""
 
     def __init__(self, engine: Any, timeout_s: float):
         if not torch.cuda.is_available():
@@ -321,8 +353,11 @@ class NcclReceiver(WeightReceiver):
     async def receive(self, ticket: Ticket) -> dict:
         version = int(ticket["version"])
         engine = self.engine
+        started = False
 
         async def transfer() -> None:
+            nonlocal started
+            started = True  # from here on the workers' weights may be part-loaded (see below)
             await engine.worker_rpc("start_weight_update", what=f"starting the update to version {version}")
             await engine.worker_rpc("update_weights", kwargs={"update_info": ticket["update_info"]},
                                     what=f"receiving version {version} over NCCL")
@@ -334,8 +369,17 @@ class NcclReceiver(WeightReceiver):
         async with engine.updating(version):
             try:
                 await asyncio.wait_for(transfer(), self.timeout_s)
-            except TimeoutError:
-                raise WeightSyncTimeout(f"engine {engine.model_path}: receiving version {version} over NCCL timed "
-                                        f"out after {self.timeout_s:g} s (the publisher or another engine is gone); "
-                                        "its worker may still sit in the NCCL call") from None
+            except BaseException as err:  # noqa: BLE001 - a cancellation part way leaves the same weights
+                if started:
+                    # vLLM's start_weight_update moves every layer to the meta device and keeps no copy of the
+                    # old tensors; each layer gets the new ones when all of them arrived. Stopped part way, the
+                    # engine holds layers of the new version beside empty ones: it must not serve again.
+                    # Marked failed, it stays paused (updating) and is dead, so its rollout actor exits.
+                    engine.mark_failed(f"its update to version {version} over NCCL stopped part way "
+                                       f"({_first_line(err)}): its weights are of no version")
+                if isinstance(err, TimeoutError):
+                    raise WeightSyncTimeout(f"engine {engine.model_path}: receiving version {version} over NCCL "
+                                            f"timed out after {self.timeout_s:g} s (the publisher or another engine "
+                                            "is gone); its worker may still sit in the NCCL call") from None
+                raise
         return {"version": version}

@@ -1,7 +1,8 @@
 """`make paper-shape`'s quick variant end to end: a model with Qwen2.5-0.5B's widths, full 151,936-token
 vocabulary and tied head but 2 decoder layers, through configs/paper/shape_bandit.yaml (StarPO-S with the critic,
-bf16, Ray with vLLM on CPU, FSDP over gloo on 2 ranks, every weight sync verified): 2 steps, a checkpoint,
---resume for a third, every check of scripts/paper_shape.py passing.
+bf16, Ray with vLLM on CPU, the paper's DDP over gloo on 2 ranks with the reference model, uneven shards, two
+optimizer steps a learner step, every weight sync verified byte for byte): 2 steps, a checkpoint, --resume for a
+third, every check of scripts/paper_shape.py passing.
 
 Opt-in, like tests/test_soak.py: about 13 GiB (PSS, all processes) and 3-6 minutes on 2 cores, too much to run
 beside another lane in `make test`:
@@ -61,7 +62,8 @@ def test_the_quick_variant_trains_checkpoints_resumes_and_passes_every_check(tok
     assert result.returncode == 0, out[-6000:]
     assert lines[-1].startswith("paper-shape: OK"), out[-6000:]
     passed = [line for line in lines if "check PASS" in line]
-    assert len(passed) == 5 and not any("check FAIL" in line for line in lines), out[-6000:]
+    assert len(passed) == 13 and not any("check FAIL" in line for line in lines), out[-6000:]
+    assert "ddp over gloo, 2 ranks, 2 layers, compute bf16" in lines[-1] or "compute fp32" in lines[-1], lines[-1]
     # Every process of the run is named and measured: the learner ranks and the rollout actor by their
     # log files, the engine core by its title.
     for name in ("learner-0", "learner-1", "rollout-w0", "vllm engine core", "driver"):

@@ -56,6 +56,42 @@ def test_sampling_params_stop_explicitly_at_request_and_model_eos_ids():
     assert p.logprobs == 0 and p.seed == 4 and p.temperature == 0.5 and not p.detokenize
 
 
+def test_cuda_graphs_on_gpu_eager_on_cpu_and_the_config_switch_reaches_vllm(random_tiny_qwen2, monkeypatch):
+    """``inference.enforce_eager``: unset = CUDA graphs on GPU and eager on CPU, ``true`` = eager everywhere,
+    ``false`` on CPU is refused; read from the arguments ``make_engine`` hands vLLM (no engine starts)."""
+    pytest.importorskip("vllm")
+    from vllm.platforms import current_platform
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from ragen_async.config import load_config
+    from ragen_async.rollout.engines import make_engine
+
+    class Built(Exception):
+        pass
+
+    def capture(engine_args, **_):
+        raise Built(engine_args)
+
+    monkeypatch.setattr(AsyncLLM, "from_engine_args", capture)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # restored after: the CPU branch sets it
+
+    def enforce_eager(on_cpu: bool, setting: str | None) -> bool:
+        monkeypatch.setattr(current_platform, "is_cpu", lambda: on_cpu)
+        cfg = load_config(None, [f"model.path={random_tiny_qwen2}",
+                                 *([f"inference.enforce_eager={setting}"] if setting else [])])
+        with pytest.raises(Built) as built:
+            make_engine(cfg)
+        return built.value.args[0].enforce_eager
+
+    assert enforce_eager(on_cpu=False, setting=None) is False  # GPU: CUDA graphs
+    assert enforce_eager(on_cpu=True, setting=None) is True
+    assert enforce_eager(on_cpu=False, setting="true") is True
+    assert enforce_eager(on_cpu=True, setting="true") is True
+    assert enforce_eager(on_cpu=False, setting="false") is False
+    with pytest.raises(ValueError, match="enforce_eager=false asks for CUDA graphs"):
+        enforce_eager(on_cpu=True, setting="false")
+
+
 @pytest.fixture(scope="module")
 def reference(random_tiny_qwen2):
     return AutoModelForCausalLM.from_pretrained(random_tiny_qwen2, dtype=torch.float32).eval()

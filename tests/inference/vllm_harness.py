@@ -49,19 +49,21 @@ class Harness:
         self.thread.join(10)
 
 
-def get_harness(model_path: str, request: pytest.FixtureRequest | None = None) -> Harness:
+def get_harness(model_path: str, request: pytest.FixtureRequest | None = None, **overrides: Any) -> Harness:
     """The session's engine on ``model_path`` (float32, full-vocabulary prompt log-probs, no stop at
-    the model's EOS so that reply lengths are exactly ``max_tokens``)."""
+    the model's EOS so that reply lengths are exactly ``max_tokens``; ``overrides``: other engine arguments)."""
     pytest.importorskip("vllm")
-    if model_path not in _HARNESSES:
+    key = f"{model_path} {sorted(overrides.items())}"
+    if key not in _HARNESSES:
         for other in list(_HARNESSES.values()):  # never more than one engine at a time
             other.close()
         _HARNESSES.clear()
-        _HARNESSES[model_path] = Harness(model_path, dtype="float32", max_model_len=512, seed=0,
-                                         max_logprobs=-1, stop_at_model_eos=False, kv_cache_space_gib=0.1)
+        kwargs = dict(dtype="float32", max_model_len=512, seed=0, max_logprobs=-1, stop_at_model_eos=False,
+                      kv_cache_space_gib=0.1)
+        _HARNESSES[key] = Harness(model_path, **{**kwargs, **overrides})
         if request is not None:  # shut down at session end, while pytest's streams are open
             request.session.addfinalizer(_close_all)
-    return _HARNESSES[model_path]
+    return _HARNESSES[key]
 
 
 @atexit.register

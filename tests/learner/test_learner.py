@@ -129,6 +129,42 @@ def test_grpo_needs_no_critic(tiny_model_path):
     assert "critic/vf_loss" not in metrics and math.isfinite(metrics["actor/pg_loss"])
 
 
+def test_the_critic_has_no_dropout_in_train_mode(random_tiny_qwen2):
+    """The value head's dropout (Transformers' default 0.1 for a token classifier) is off in the model as built,
+    so a forward in train mode gives the same values twice."""
+    from ragen_async.learner.learner import load_critic
+
+    critic = load_critic(random_tiny_qwen2).train()
+    assert [m.p for m in critic.modules() if isinstance(m, torch.nn.Dropout)] == [0.0]
+    ids = torch.arange(1, 30)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(critic(input_ids=ids).logits, critic(input_ids=ids).logits, rtol=0, atol=0)
+
+
+def test_seq_mean_token_mean_does_not_count_a_row_without_trained_tokens(tiny_model_path):
+    """``seq-mean-token-mean`` is a mean over sequences of each one's token mean: a row whose loss mask is all
+    zero adds nothing to the sum and is no sequence of the mean, so a batch with such a row steps as without it."""
+    import dataclasses
+
+    import numpy as np
+
+    from ragen_async.protocol import NO_VERSION
+
+    cfg = make_cfg(tiny_model_path, "algo.loss_agg_mode=seq-mean-token-mean", "learner.mini_batch_size=64")
+    shard = make_shard(tiny_model_path, cfg)[0]
+    first = shard.trajectories[0]
+    empty = dataclasses.replace(first, traj_id=f"{first.traj_id}-untrained", loss_mask=np.zeros_like(first.loss_mask),
+                                behaviour_logprobs=np.zeros_like(first.behaviour_logprobs),
+                                token_versions=np.full_like(first.token_versions, NO_VERSION))
+    with_empty = dataclasses.replace(shard, trajectories=(*shard.trajectories, empty),
+                                     scores=np.append(shard.scores, np.float32(0)),
+                                     normalized_scores=np.append(shard.normalized_scores, np.float32(0)))
+    expected = Learner(cfg).train_step(shard).metrics
+    got = Learner(cfg).train_step(with_empty).metrics
+    for key in ("actor/pg_loss", "actor/entropy", "critic/vf_loss", "actor/grad_norm", "critic/grad_norm"):
+        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-8), key
+
+
 def test_non_finite_gradient_skips_the_step(tiny_model_path):
     cfg = make_cfg(tiny_model_path, "algo.adv_estimator=grpo")
     learner = Learner(cfg)
@@ -199,6 +235,17 @@ def test_two_ranks_give_the_single_process_gradient(tiny_model_path, tmp_path):
     merged = merge_rank_metrics([torch.load(tmp_path / f"rank{r}.pt") for r in range(2)])
     for key in ("actor/grad_norm", "critic/grad_norm", "actor/pg_loss", "critic/vf_loss", "actor/entropy"):
         assert merged[key] == pytest.approx(single[key], rel=1e-4, abs=1e-6), key
+    assert merged["learner/num_tokens"] == single["learner/num_tokens"]  # the batch's, not a rank's mean
+
+
+def test_merged_metrics_count_the_tokens_of_every_rank():
+    """``learner/num_tokens`` is what ``throughput/learner_tokens_per_s`` divides: the batch's trained tokens
+    (summed over ranks), not their mean over ranks; norms and means stay averaged."""
+    from ragen_async.learner.learner import merge_rank_metrics
+
+    merged = merge_rank_metrics([{"learner/num_tokens": 300.0, "actor/grad_norm": 2.0},
+                                 {"learner/num_tokens": 100.0, "actor/grad_norm": 2.0}])
+    assert merged == {"learner/num_tokens": 400.0, "actor/grad_norm": 2.0}
 
 
 def _checkpoint_rank(rank, world, init, model_path, shard, ckpt, out):

@@ -52,3 +52,42 @@ def test_rpc_refuses_a_sharded_learner(tmp_path):
     with pytest.raises(ValueError, match="cannot publish a sharded"):
         load_config(None, ["weight_sync.backend=rpc", "learner.strategy=fsdp", "learner.num_ranks=2",
                            "runtime=ray"])
+
+
+def test_the_nccl_rendezvous_port_is_held_until_vllm_s_rendezvous_listens_on_it(monkeypatch):
+    """The NCCL publisher's port, sent to the engines before vLLM's rendezvous binds it: a port found free and
+    let go could be taken by another process in between (the learner group's old race), leaving the engines
+    knocking on that process's socket. The factory's publisher holds its port from the start: no other socket
+    gets it, vLLM's rendezvous (binding it as vLLM does) listens there, and the hold ends once it does."""
+    import errno
+    import socket
+    import types
+
+    from vllm.distributed.utils import StatelessProcessGroup
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+    from ragen_async.weight_sync import LocalReceiversClient
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the CUDA checks; nothing runs on a GPU
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    rendezvous = []
+
+    def trainer_init(info, *, client, source):  # vLLM's rank 0 opens the group's store at the port it is given
+        rendezvous.append(StatelessProcessGroup.create(info.master_address, info.master_port, rank=0, world_size=1))
+        return types.SimpleNamespace(shutdown=lambda: None)
+
+    monkeypatch.setattr(WeightTransferTrainerFactory, "trainer_init", trainer_init)
+    client = LocalReceiversClient([object()], loop=None)
+    pub = make_publisher("nccl", address="127.0.0.1", num_receivers=1, timeout_s=5, client=client)
+    try:
+        with socket.socket() as other, pytest.raises(OSError) as taken:
+            other.bind(("127.0.0.1", pub.master_port))
+        assert taken.value.errno == errno.EADDRINUSE
+        pub.connect()
+        assert pub._reserved is None  # handed over: the store listens there now
+        rendezvous[0].store.set("engines-reach", b"the publisher's store")
+        engine_side = torch.distributed.TCPStore("127.0.0.1", pub.master_port, is_master=False)
+        assert engine_side.get("engines-reach") == b"the publisher's store"
+    finally:
+        pub.close()

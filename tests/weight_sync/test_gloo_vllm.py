@@ -77,6 +77,44 @@ def test_broadcast_sync_then_logprobs_match(h, rcv, models):
     pub.close()
 
 
+def storage(h) -> dict[str, list[int]]:
+    """``{name: [data_ptr, numel]}`` of every parameter and buffer of the engine's model."""
+    (entries,) = h.run(h.engine.worker_rpc("_ragen_storage", what="reading the model's storage"))
+    return entries
+
+
+def assert_same_storage(before: dict[str, list[int]], after: dict[str, list[int]], what: str) -> None:
+    assert sorted(after) == sorted(before), what
+    moved = {name: (before[name], after[name]) for name in before if after[name] != before[name]}
+    assert not moved, f"{what} moved {len(moved)} tensors to new storage: {moved}"
+
+
+def test_weight_updates_keep_every_tensor_in_its_storage(h, rcv, models):
+    """The condition for captured CUDA graphs to stay valid across weight updates (a graph reads the addresses
+    it was captured with): every update copies into the storage the engine started with. Checked for the gloo
+    broadcast (``receive_broadcast``) and for vLLM's own reload (``load_state_dict``: ``load_weights_from_bytes``,
+    ``reload_weights``), each ending in the re-tie: every parameter and buffer keeps its ``data_ptr`` and size,
+    while the log-probs served move to the new weights. On CPU the linear layers' ``weight`` is an empty
+    placeholder (vLLM packs their weights into its GEMM handle, rebuilt at every load); the embedding, head,
+    norms, q/k/v biases and the rotary cache are the model's own tensors."""
+    base, new = models
+    eng = h.engine
+    before = storage(h)
+    held = {name for name, (_, numel) in before.items() if numel}
+    assert {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
+            "model.layers.0.self_attn.qkv_proj.bias"} <= held
+    pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=30, bucket_bytes=64 * 1024)
+    h.run(connect_engines(pub, [rcv]))
+    v = eng.policy_version + 1
+    h.run(broadcast_to_engines(pub, [rcv], new.state_dict().items(), v))
+    pub.close()
+    assert h.run(eng.prompt_logprobs(SEQ)) == pytest.approx(forward_logprobs(new, SEQ), abs=ATOL)
+    assert_same_storage(before, storage(h), "the gloo broadcast")
+    h.run(eng.load_state_dict(base.state_dict().items(), v + 1))
+    assert h.run(eng.prompt_logprobs(SEQ)) == pytest.approx(forward_logprobs(base, SEQ), abs=ATOL)
+    assert_same_storage(before, storage(h), "vLLM's reload (load_state_dict)")
+
+
 def test_engine_waiting_on_a_silent_publisher_errors_within_the_timeout(h, models):
     base, new = models
     eng = h.engine

@@ -105,6 +105,12 @@ def test_nccl_publish_then_engine_logprobs_match(random_tiny_qwen2):
         h.close()
 
 
+def moved_storage(h, before: dict) -> dict:
+    """The parameters and buffers of the engine's model whose ``[data_ptr, numel]`` differ from ``before``."""
+    (now,) = h.run(h.engine.worker_rpc("_ragen_storage", what="reading the model's storage"))
+    return {name: now.get(name) for name in before.keys() | now.keys() if before.get(name) != now.get(name)}
+
+
 class BroadcastStandIn:
     """A vLLM engine whose NCCL broadcast is replaced by handing the tensors over: the receiver's
     ``update_weights`` becomes the stand-in extension's ``standin_receive`` (``model.load_weights`` on them,
@@ -163,6 +169,7 @@ def test_an_nccl_update_of_a_tied_model_serves_the_new_embedding_as_its_output_h
             emb.add_(torch.randn_like(emb) * emb.std())
         named = list(learner.named_parameters())  # what the learner publishes: the tied head is not there
         assert "lm_head.weight" not in dict(named) and "model.embed_tokens.weight" in dict(named)
+        storage = moved_storage(h, {})  # every tensor, as {name: [data_ptr, numel]}
         engine = BroadcastStandIn(h.engine, named)
         with monkeypatch.context() as m:
             m.setattr(torch.cuda, "is_available", lambda: True)  # the receiver's CUDA check
@@ -172,5 +179,15 @@ def test_an_nccl_update_of_a_tied_model_serves_the_new_embedding_as_its_output_h
         assert engine.calls[:3] == ["start_weight_update", "update_weights", "finish_weight_update"]
         learner_lp, engine_lp = _logprobs(learner, probe), h.run(h.engine.prompt_logprobs(probe))
         assert check_probe(learner_lp, [engine_lp], version=1, tolerance=1e-3) < 1e-3
+        # The update and its re-tie left every parameter and buffer in its storage (captured CUDA graphs stay
+        # valid; tests/weight_sync/test_gloo_vllm.py checks the gloo path and vLLM's reload on an untied model),
+        # and so does vLLM's reload (the gloo path's load) with the re-tie on this tied model.
+        assert not moved_storage(h, storage), "the NCCL update"
+        with torch.no_grad():
+            emb.add_(torch.randn_like(emb) * emb.std())  # `named` holds these tensors
+        h.run(h.engine.load_state_dict(named, version=2))
+        assert not moved_storage(h, storage), "vLLM's reload"
+        learner_lp, engine_lp = _logprobs(learner, probe), h.run(h.engine.prompt_logprobs(probe))
+        assert check_probe(learner_lp, [engine_lp], version=2, tolerance=1e-3) < 1e-3
     finally:
         h.close()
