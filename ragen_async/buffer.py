@@ -8,11 +8,14 @@ Job, in order, for every learner step:
    are never silent: they are counted in the step's metrics and queued as :class:`DropRecord`\\ s that
    the caller drains (:meth:`TrajectoryBuffer.drain_drops`, the only drop channel) to return each slot to
    the admission controller exactly once.
-2. **Deterministic selection.** A batch is the ``groups_per_step`` waiting groups with the lowest global
-   sequence index (``TrajectoryGroup.index``), in index order, so it does not depend on the order in which
-   groups happened to arrive. Lowest index first also means oldest first, which keeps staleness low. The
-   learner does not wait for missing indices: a slow group is overtaken by younger ones and trained on
-   later, which is where the staleness gate above can catch it.
+2. **Deterministic selection**, in one of two consumption modes (``consume``, config ``staleness.consume``).
+   ``arrival``: a batch is the ``groups_per_step`` waiting groups with the lowest global sequence index
+   (``TrajectoryGroup.index``), in index order, so it does not depend on the order in which groups happened
+   to arrive. Lowest index first also means oldest first, which keeps staleness low. The learner does not
+   wait for missing indices: a slow group is overtaken by younger ones and trained on later, which is where
+   the staleness gate above can catch it. ``in_order``: a batch is the ``groups_per_step`` lowest indices
+   not yet consumed or dropped, and the learner waits for every one of them; with the admission rule this
+   means a fixed bound drops nothing (docs/architecture.md, "Consumption order").
 3. **StarPO-S filter** on the groups' raw scores (``algo.filtering.select_groups_by_reward_std``).
 4. **Scores.** Raw trajectory scores and scores normalised within their group
    (``algo.advantages.group_normalize``), computed once for the whole batch.
@@ -31,7 +34,7 @@ Pure Python + numpy + torch (for the algo calls); no zmq or ray. Times are passe
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -54,6 +57,8 @@ __all__ = [
 
 DropReason = Literal["stale", "off_lag"]
 DropSite = Literal["add", "consume"]
+CONSUME_MODES = ("arrival", "in_order")
+"""How a batch picks its groups (module docstring, 2.)."""
 
 _HIST_MAX_UNBOUNDED = 16
 """Staleness histogram bins when k is unbounded (with a bound, the bins are 0..k)."""
@@ -66,7 +71,7 @@ def group_index(group: AnyGroup) -> int:
 
 @dataclass(frozen=True, slots=True)
 class DropRecord:
-    """One group the buffer refused to train on."""
+    """One group the buffer refused to train on, with what a comparison with the consumed groups needs."""
 
     group_id: str
     index: int
@@ -74,6 +79,32 @@ class DropRecord:
     learner_version: int
     where: DropSite
     reason: DropReason
+    bound: int | None = None
+    """The bound in force at the drop (``max_staleness`` then)."""
+    waited_s: float | None = None
+    """Seconds the group had waited in the buffer (0 when dropped on arrival; ``None``: no time was given)."""
+    env_tag: str = ""
+    seed: int = 0
+    """The environment seed (level) the group played."""
+    worker: str = ""
+    facts: dict[str, float | int] | None = None
+    """``turns``, ``tokens``, ``success``, ``in_flight_s`` (:meth:`~ragen_async.protocol._GroupFacts.episode_facts`)."""
+    scores: tuple[float, ...] = ()
+
+    @property
+    def past_bound(self) -> int | None:
+        """How late it was: versions past the bound (``staleness - bound``; under fixed lag, off the lag)."""
+        return None if self.bound is None else self.staleness - self.bound
+
+    def as_record(self) -> dict:
+        """The drop as ``provenance.jsonl`` keeps it (``index``, ``reason``, ``where``, ``staleness`` as before;
+        then the bound, how late, the level, the worker and the episode statistics)."""
+        return {"index": self.index, "reason": self.reason, "where": self.where, "staleness": self.staleness,
+                "group_id": self.group_id, "learner_version": self.learner_version, "bound": self.bound,
+                "past_bound": self.past_bound,
+                "waited_s": None if self.waited_s is None else round(self.waited_s, 4),
+                "env_tag": self.env_tag, "seed": self.seed, "worker": self.worker, **(self.facts or {}),
+                "scores": [round(float(x), 6) for x in self.scores]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +162,7 @@ class TrajectoryBuffer:
         num_ranks: int = 1,
         fixed_lag: bool = False,
         group_size: int | None = None,
+        consume: str = "arrival",
     ) -> None:
         """
         Args:
@@ -142,6 +174,8 @@ class TrajectoryBuffer:
             fixed_lag: require staleness exactly ``min(k, v)`` (needs a finite k).
             group_size: trajectories per group, if known up front; used only to check at construction that
                 every rank will get at least one trajectory. Without it the check happens per batch.
+            consume: ``"arrival"`` (the lowest-index groups waiting) or ``"in_order"`` (the lowest indices not
+                yet consumed or dropped, waited for); see the module docstring.
 
         Raises:
             ValueError: invalid settings, or a batch that cannot give every rank a trajectory.
@@ -160,6 +194,8 @@ class TrajectoryBuffer:
             raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
         if fixed_lag and max_staleness is None:
             raise ValueError("fixed_lag needs a finite max_staleness (the lag)")
+        if consume not in CONSUME_MODES:
+            raise ValueError(f"unknown consume mode {consume!r}; valid: {', '.join(CONSUME_MODES)}")
         self.groups_per_step = groups_per_step
         self.max_staleness = max_staleness
         self.filter_mode = filter_mode
@@ -167,6 +203,7 @@ class TrajectoryBuffer:
         self.norm_mode = norm_mode
         self.num_ranks = num_ranks
         self.fixed_lag = fixed_lag
+        self.consume = consume
 
         # Ask the filter itself how many groups it keeps (it depends only on the count), rather than
         # re-deriving its rounding rule here.
@@ -191,6 +228,13 @@ class TrajectoryBuffer:
         waiting set changed other than by an arrival, so that the next :meth:`ready` scans again."""
         self._drops: list[DropRecord] = []
         self._dropped_total = 0
+        self._frontier = 0
+        """In-order mode: the lowest index not yet consumed or dropped (the head of the line)."""
+        self._resolved_ahead: set[int] = set()
+        """In-order mode: indices above :attr:`_frontier` already dropped (or known resolved on resume)."""
+        self._blocked: tuple[int, int] | None = None
+        """In-order mode: (version, missing index) of the last :meth:`ready` that found the head of the line
+        missing: until that index arrives (or the version moves) the answer stays no, at O(1) cost."""
         self._stats = StalenessStats(_HIST_MAX_UNBOUNDED if max_staleness is None else max_staleness)
 
     # -- queue state -------------------------------------------------------------------------------
@@ -215,26 +259,52 @@ class TrajectoryBuffer:
         drops, self._drops = self._drops, []
         return drops
 
-    def ready(self, learner_version: int | None = None) -> bool:
+    def ready(self, learner_version: int | None = None, now: float | None = None) -> bool:
         """Whether :meth:`next_batch` at ``learner_version`` (default: the latest seen) would succeed.
 
         Waiting groups that are over the bound at ``learner_version`` are dropped here (site ``consume``):
         staleness only grows, so they can never be used, and their admission slots must come back now,
         not at the next batch, which might otherwise never become ready (a tight bound holds no spare slot).
+        ``now`` (the caller's clock) dates those drops (``DropRecord.waited_s``).
 
-        The scan runs once per version (staleness moves only with it); between scans :meth:`add` keeps the
-        count of usable groups, so the loop may ask after every received group at O(1) cost.
+        Arrival mode: the scan runs once per version (staleness moves only with it); between scans
+        :meth:`add` keeps the count of usable groups, so the loop may ask after every received group at O(1)
+        cost. In-order mode: the walk from the head of the line stops at the first missing index, and until
+        that index arrives or the version moves the answer is no at O(1) cost.
         """
         version = self._learner_version if learner_version is None else learner_version
+        if self.consume == "in_order":
+            return self._ready_in_order(version, now)
         if version != self._counted_at:  # staleness moves only with the version: one scan per version
             usable = 0
             for index in sorted(self._waiting):
                 reason = self._violation(index, self._oldest[index], version, consuming=True)
                 if reason == "stale":
-                    self._drop(self._remove(index)[0], version, "consume", reason)
+                    self._drop_waiting(index, version, reason, now)
                 usable += reason is None
             self._usable, self._counted_at = usable, version
         return self._usable >= self.groups_per_step
+
+    def _ready_in_order(self, version: int, now: float | None) -> bool:
+        """In-order :meth:`ready`: the ``groups_per_step`` lowest unresolved indices, from the head of the line,
+        have all arrived (stale ones on the way are dropped now; off-lag ones are dropped when taken)."""
+        if self._blocked is not None and self._blocked[0] == version:
+            return False
+        usable, index = 0, self._frontier
+        while usable < self.groups_per_step:
+            if self._is_resolved(index):
+                index += 1
+                continue
+            if index not in self._waiting:
+                self._blocked = (version, index)
+                return False
+            reason = self._violation(index, self._oldest[index], version, consuming=True)
+            if reason == "stale":
+                self._drop_waiting(index, version, reason, now)
+            usable += reason is None
+            index += 1
+        self._blocked = None
+        return True
 
     def _remove(self, index: int) -> tuple[AnyGroup, float]:
         """Take a waiting group out; returns it and its arrival time."""
@@ -265,7 +335,8 @@ class TrajectoryBuffer:
             return "off_lag"
         return None
 
-    def _drop(self, group: AnyGroup, learner_version: int, where: DropSite, reason: DropReason) -> None:
+    def _drop(self, group: AnyGroup, learner_version: int, where: DropSite, reason: DropReason,
+              waited_s: float | None) -> None:
         record = DropRecord(
             group_id=group.group_id,
             index=group_index(group),
@@ -273,10 +344,46 @@ class TrajectoryBuffer:
             learner_version=learner_version,
             where=where,
             reason=reason,
+            bound=self.max_staleness,
+            waited_s=waited_s,
+            env_tag=group.env_tag,
+            seed=group.seed,
+            worker=group.worker_id,
+            facts=group.episode_facts(),
+            scores=tuple(group.scores),
         )
         self._drops.append(record)
         self._dropped_total += 1
         self._stats.record_dropped()
+        self._resolved(record.index)
+
+    def _drop_waiting(self, index: int, learner_version: int, reason: DropReason, now: float | None) -> None:
+        """Drop waiting group ``index`` at consumption (site ``consume``), dated by ``now`` if given."""
+        group, arrived = self._remove(index)
+        self._drop(group, learner_version, "consume", reason, None if now is None else max(0.0, now - arrived))
+
+    def _resolved(self, index: int) -> None:
+        """``index`` is consumed or dropped: in-order mode moves the head of the line past it."""
+        if self.consume != "in_order":
+            return
+        if index != self._frontier:
+            self._resolved_ahead.add(index)
+            return
+        self._frontier += 1
+        while self._frontier in self._resolved_ahead:
+            self._resolved_ahead.discard(self._frontier)
+            self._frontier += 1
+
+    def restore(self, next_index: int, outstanding: Sequence[int]) -> None:
+        """Continue a run at a checkpoint (its admission state: ``next_index`` and the ``outstanding`` indices,
+        which will be played again): in-order mode's head of the line is the lowest outstanding index, and
+        every other index below ``next_index`` is already resolved. Call it on an empty buffer."""
+        if self._waiting:
+            raise ValueError("restore needs an empty buffer")
+        pending = set(outstanding)
+        self._frontier = min(pending, default=next_index)
+        self._resolved_ahead = set(range(self._frontier, next_index)) - pending
+        self._blocked, self._counted_at = None, None
 
     def _observe_version(self, learner_version: int) -> None:
         # Versions only move forward; a caller holding an older view must not un-stale anything.
@@ -293,18 +400,22 @@ class TrajectoryBuffer:
         the arrival time, for ``rollout/buffer_wait_s``.
 
         Raises:
-            ValueError: a group with the same index is waiting.
+            ValueError: a group with the same index is waiting (or, in-order, was already consumed or dropped).
         """
         index = group_index(group)
         if index in self._waiting:
             raise ValueError(f"group index {index} ({group.group_id!r}) is already waiting in the buffer")
+        if self.consume == "in_order" and self._is_resolved(index):
+            raise ValueError(f"group index {index} ({group.group_id!r}) was already consumed or dropped")
         if not group.trajectories:
             raise ValueError(f"group {group.group_id!r} has no trajectories")
         self._observe_version(learner_version)
+        if self._blocked is not None and self._blocked[1] == index:  # the head of the line arrived
+            self._blocked = None
         oldest = [t.oldest_version for t in group.trajectories]
         reason = self._violation(index, oldest, self._learner_version, consuming=False)
         if reason is not None:
-            self._drop(group, self._learner_version, "add", reason)
+            self._drop(group, self._learner_version, "add", reason, 0.0)
             return False
         self._waiting[index] = group
         self._arrived_at[index] = now
@@ -312,21 +423,28 @@ class TrajectoryBuffer:
         if self._counted_at is not None:  # do for it what the scan in ready() would: count it, or drop it
             reason = self._violation(index, oldest, self._counted_at, consuming=True)
             if reason == "stale":
-                self._drop(self._remove(index)[0], self._counted_at, "consume", reason)
+                self._drop_waiting(index, self._counted_at, reason, now)
             self._usable += reason is None
         return True
 
     # -- consumer side -----------------------------------------------------------------------------
 
-    def _take_groups(self, learner_version: int) -> tuple[list[AnyGroup], list[float]]:
+    def _take_groups(self, learner_version: int, now: float) -> tuple[list[AnyGroup], list[float]]:
         """Remove and return the B lowest-index usable groups and their arrival times, dropping unusable
-        ones on the way."""
+        ones on the way (in-order: the B lowest unresolved indices, which must all have arrived)."""
         self._counted_at = None  # the waiting set changes here whatever happens
+        self._blocked = None
         taken: list[int] = []
-        for index in sorted(self._waiting):
+        if self.consume == "in_order":
+            candidates = self._head_of_line()
+        else:
+            candidates = iter(sorted(self._waiting))
+        for index in candidates:
+            if index not in self._waiting:  # in-order: the head of the line has not arrived
+                break
             reason = self._violation(index, self._oldest[index], learner_version, consuming=True)
             if reason is not None:
-                self._drop(self._remove(index)[0], learner_version, "consume", reason)
+                self._drop_waiting(index, learner_version, reason, now)
                 continue
             taken.append(index)
             if len(taken) == self.groups_per_step:
@@ -337,6 +455,19 @@ class TrajectoryBuffer:
             )
         removed = [self._remove(index) for index in taken]
         return [g for g, _ in removed], [t for _, t in removed]
+
+    def _head_of_line(self) -> Iterator[int]:
+        """In-order mode: the unresolved indices from the head of the line up, in order (lazily: drops on the
+        way move the line's state, never below the index being looked at)."""
+        index = self._frontier
+        while True:
+            if not self._is_resolved(index):
+                yield index
+            index += 1
+
+    def _is_resolved(self, index: int) -> bool:
+        """In-order mode: ``index`` was consumed or dropped (below the head of the line, or dropped ahead)."""
+        return index < self._frontier or index in self._resolved_ahead
 
     def _put_back(self, groups: Sequence[AnyGroup], arrived_at: Sequence[float]) -> None:
         self._counted_at = None
@@ -360,7 +491,7 @@ class TrajectoryBuffer:
             ValueError: the filter kept fewer trajectories than there are ranks (the groups stay queued).
         """
         self._observe_version(learner_version)
-        groups, arrived = self._take_groups(learner_version)
+        groups, arrived = self._take_groups(learner_version, now)
 
         kept_idx, filter_metrics = select_groups_by_reward_std(
             [torch.tensor(g.scores, dtype=torch.float64) for g in groups], self.filter_ratio, self.filter_mode
@@ -373,6 +504,8 @@ class TrajectoryBuffer:
                 f"the filter kept {len(trajs)} trajectories for {self.num_ranks} ranks: every rank needs at "
                 "least one; raise groups_per_step, group size or filter_ratio"
             )
+        for group in groups:  # all taken groups are consumed, kept by the filter or not
+            self._resolved(group_index(group))
 
         scores = torch.tensor([t.score for t in trajs], dtype=torch.float64)
         owners = torch.tensor([group_index(g) for g in kept for _ in g.trajectories], dtype=torch.int64)

@@ -1,7 +1,7 @@
 """``ragen-async``: the command-line entry point (train, audit, eval, make-model, sweep, report, watch, config,
 bench).
 
-Its length (over the project's ~600 lines per module): one handler per command, and ``bench``'s seven
+Its length (over the project's ~600 lines per module): one handler per command, and ``bench``'s nine
 subcommands with their options; handlers parse and print, the work lives in the modules they call.
 """
 
@@ -156,8 +156,10 @@ def _check_model(model: ModelConfig) -> None:
 def audit(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> None:
     """Account for every group index a run admitted (consumed, dropped and why, or outstanding at its
     latest checkpoint) and check every consumed group's staleness against the bound in force at its step
-    (config.yaml's staleness settings; the adaptive bound from metrics.jsonl); prints a per-lag table and
-    exits 1 on any duplicate or unexplained index or staleness violation."""
+    (config.yaml's staleness settings; the adaptive bound from metrics.jsonl); for a run that consumed in
+    order, that it dropped nothing (under the adaptive bound: nothing a tightening does not explain) and took
+    indices in order; prints a per-lag table and exits 1 on any duplicate or unexplained index, staleness
+    violation or in-order finding."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -186,8 +188,13 @@ def audit(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> N
                       f"{len(stale['bound_unknown_steps'])} step(s) {stale['bound_unknown_steps'][:20]}: their groups "
                       f"were checked against max_staleness = {stale['max_staleness']}, an upper bound only",
                       highlight=False)
+    if a.in_order is not None:
+        console.print(f"in-order consumption (staleness.consume: in_order): {len(a.in_order['drops']) or 'no'} "
+                      f"unexplained drop(s), {len(a.in_order['out_of_order']) or 'no'} step(s) out of order",
+                      highlight=False)
     print(json.dumps({**result, "staleness": {**stale, "violations": violations[:100],
-                                               "violation_count": len(violations)}}), flush=True)
+                                               "violation_count": len(violations)},
+                      **({"in_order": a.in_order} if a.in_order is not None else {})}), flush=True)
     for line in a.errors[:21]:
         console.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
     if len(a.errors) > 21:
@@ -269,7 +276,8 @@ def make_model(
           seeds_per_tag=seeds_per_tag)
 
 
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (they measure and print tables; they assert nothing).")
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (they measure and print tables; they assert nothing, "
+                                                   "except `learns`, a check).")
 app.add_typer(bench_app, name="bench")
 
 
@@ -283,21 +291,26 @@ def bench_pipeline_cmd(
     mode: Annotated[list[str] | None, typer.Option(
         help="pinned (disjoint CPU sets), unpinned (shared, same threads) and/or config (the config's own "
         "placement); default pinned and unpinned")] = None,
+    consume: Annotated[list[str] | None, typer.Option(
+        help="staleness.consume of the runs: arrival and/or in_order (repeatable; default arrival); the table "
+        "gives each run's share of generated groups dropped")] = None,
     out: Annotated[Path | None, typer.Option(help="append the table to this markdown file")] = None,
 ) -> None:
     """Throughput vs staleness k under runtime: ray, pinned (disjoint CPU sets), unpinned or as configured."""
     _setup_logging()
-    from ragen_async.bench.pipeline import bench_pipeline, parse_k, parse_mode
+    from ragen_async.bench.pipeline import bench_pipeline, parse_consume, parse_k, parse_mode
 
     try:
         ks = [parse_k(x) for x in k] if k else [0, 1, 2, 4]
         modes = [parse_mode(m) for m in mode or ["pinned", "unpinned"]]
+        consumes = [parse_consume(c) for c in consume or ["arrival"]]
     except ValueError as e:
         _fail(str(e))
     cmd = "ragen-async bench pipeline " + " ".join([str(config), *(overrides or [])]
                                                    + [f"--k {'inf' if x is None else x}" for x in ks]
-                                                   + [f"--mode {m}" for m in modes])
-    rows, table = bench_pipeline(config, overrides or [], ks, steps, warmup, modes)
+                                                   + [f"--mode {m}" for m in modes]
+                                                   + [f"--consume {c}" for c in consumes])
+    rows, table = bench_pipeline(config, overrides or [], ks, steps, warmup, modes, consumes)
     _print_bench("Pipeline benchmark", f"{cmd} --steps {steps} --warmup {warmup}",
                  "pinned = rollout actors+engines and learner ranks on disjoint CPU sets; unpinned = shared, same "
                  "thread counts; config = the config's own CPU sets and thread counts.", table, out)
@@ -392,7 +405,6 @@ def bench_learner_cmd(
     dtype: Annotated[list[str] | None, typer.Option(
         help="model.dtype settings to time (repeatable; default bfloat16); with float32 first, each row's first "
              "update is compared with float32's")] = None,
-    peak_tflops: Annotated[float, typer.Option(help="the device's bf16 peak, MFU's denominator")] = 790.0,
     json_out: Annotated[Path | None, typer.Option("--json", help="also write the rows as JSON here")] = None,
     out: Annotated[Path | None, typer.Option(help="append the table to this markdown file")] = None,
 ) -> None:
@@ -412,9 +424,9 @@ def bench_learner_cmd(
         if not torch.cuda.is_available():
             raise typer.BadParameter(f"--device {device}: torch sees no CUDA device here (use --device cpu)")
     rows = bench_learner(shape, device, tuple(c == "on" for c in settings), steps, warmup, trajectories,
-                         peak_flops=peak_tflops * 1e12, dtypes=tuple(dtypes),
+                         dtypes=tuple(dtypes),
                          on_row=lambda r: print(f"  {r.shape} on {r.device}, {r.dtype} ({r.compute_dtype} compute), "
-                                                f"checkpointing {'on' if r.checkpointing else 'off'}: {r.step_s:.3f} s/step",
+                                                f"checkpointing {'on' if r.checkpointing else 'off'}: {r.error or f'{r.step_s:.3f} s/step'}",
                                                 flush=True))
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -423,8 +435,87 @@ def bench_learner_cmd(
     _print_bench("Learner benchmark",
                  f"ragen-async bench learner --shape {shape} --device {device} --steps {steps}{dtype_args}",
                  "one rank's share of a paper-scale step (configs/paper/starpo_s_sokoban.yaml: 8 trajectories of up to "
-                 "4,000 tokens), synthetic token ids; MFU = 6 x parameters x tokens x (actor + critic) / step time / "
-                 f"{peak_tflops:g} TFLOP/s", format_table(rows), out)
+                 "4,000 tokens), synthetic token ids. FLOPs as torchtitan and verl count them (docs/benchmarks.md, "
+                 "ragen_async/bench/flops.py): 6 x N without the embedding per token and pass, the attention term "
+                 "12 x layers x heads x head_dim x sequence length, the head at the scored positions, over every "
+                 "forward and backward of the step (old values, updates); recompute (activation checkpointing, the "
+                 "chunked head) apart: MFU leaves it out, HFU counts it. Peaks in TFLOP/s: the device's dense spec "
+                 "peak in the compute dtype (n/a on a CPU or a GPU not tabled) and a large matmul in the compute dtype "
+                 "timed in this run", format_table(rows), out)
+
+
+@bench_app.command("learns")
+def bench_learns_cmd(
+    overrides: Annotated[list[str] | None, typer.Argument(
+        help="dotted overrides of the config, e.g. learner.micro_batch_size=32")] = None,
+    model: Annotated[Path, typer.Option(help="a local checkpoint (the tiny model by default)")] = Path("artifacts/tiny-model"),
+    device: Annotated[str, typer.Option(help="torch device: cpu, cuda, cuda:1")] = "cpu",
+    steps: Annotated[int, typer.Option(help="learner steps per dtype")] = 40,
+    dtype: Annotated[list[str] | None, typer.Option(
+        help="model.dtype settings (repeatable; default float32 and bfloat16; float32 is the reference curve)")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="also write the curves as JSON here")] = None,
+    out: Annotated[Path | None, typer.Option(help="append the table to this markdown file")] = None,
+) -> None:
+    """Does the learner learn: a one-token bandit with a known optimum (P(target) = 1) trained with the paper
+    config's StarPO-S through the real buffer and Learner, per model.dtype; prints the curves and one VERDICT line
+    and, unlike the other benchmarks, exits 1 unless every dtype reaches P(target) >= 0.9 with its curve within
+    0.05 of float32's on average over the steps (ragen_async/bench/learns.py)."""
+    from ragen_async.bench.learns import ACTOR_LR, CRITIC_LR, bench_learns, format_curves, result_json, verdict
+
+    dtypes = dtype or ["float32", "bfloat16"]
+    if bad := [d for d in dtypes if d not in ("float32", "bfloat16", "float16")]:
+        raise typer.BadParameter(f"--dtype takes float32, bfloat16 or float16, not {', '.join(bad)}")
+    if not (model / "config.json").is_file():
+        raise typer.BadParameter(f"{model} has no config.json (run `ragen-async make-model` first)")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise typer.BadParameter(f"--device {device}: torch sees no CUDA device here (use --device cpu)")
+    result = bench_learns(str(model), device, steps, tuple(dtypes), overrides=overrides or [],
+                          on_step=lambda c, s: print(f"  {c.dtype}: step {s}: P(target) {c.target_p[-1]:.3f}, "
+                                                     f"reward {c.reward[-1]:.3f}", flush=True))
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(result_json(result), indent=1))
+    ok, line = verdict(result)
+    dtype_args = "".join(f" --dtype {d}" for d in dtypes)
+    _print_bench("Learner learns", f"ragen-async bench learns {' '.join(overrides or [])} --model {model} "
+                 f"--device {device} --steps {steps}{dtype_args}".replace("learns  ", "learns "),
+                 f"P(target token) after each step; target {result.target} (prompt {result.prompt}); "
+                 f"configs/paper/starpo_s_bandit.yaml with learner.actor_lr={ACTOR_LR:g}, "
+                 f"learner.critic_lr={CRITIC_LR:g}",
+                 format_curves(result), out)
+    print(line)
+    if not ok:
+        raise typer.Exit(1)
+
+
+@bench_app.command("decode")
+def bench_decode_cmd(
+    model: Annotated[str, typer.Option(help="a local checkpoint, or qwen0.5b (its shape, random weights)")] = "qwen0.5b",
+    eager: Annotated[bool, typer.Option("--eager/--graphs", help="vLLM eager mode, or CUDA graphs (GPU only)")] = False,
+    requests: Annotated[int, typer.Option(help="concurrent requests")] = 64,
+    max_tokens: Annotated[int, typer.Option(help="tokens sampled per request (no stop tokens)")] = 256,
+    dtype: Annotated[str, typer.Option(help="engine dtype")] = "bfloat16",
+    json_out: Annotated[Path | None, typer.Option("--json", help="also write the figures as JSON here")] = None,
+) -> None:
+    """Decode tokens/s of one vLLM engine in one mode (eager or CUDA graphs): run once per mode, each in its own
+    process (ragen_async/bench/decode.py)."""
+    from ragen_async.bench.decode import bench_decode
+
+    if not eager:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise typer.BadParameter("--graphs: CUDA graphs need a CUDA device, and torch sees none here (use --eager)")
+    row = bench_decode(model, enforce_eager=eager, requests=requests, max_tokens=max_tokens, dtype=dtype)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(row, indent=1))
+    print(f"decode ({'eager' if eager else 'CUDA graphs'}), {model}, {dtype}: {row['tokens']} tokens in "
+          f"{row['seconds']:.2f} s = {row['tokens_per_s']:,.0f} tokens/s ({requests} requests x {max_tokens} tokens; "
+          f"engine start {row['engine_start_s']:.0f} s)")
 
 
 @bench_app.command("cluster")
@@ -634,6 +725,8 @@ def report(
         _fail(str(e))
     for warning in result.warnings:
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    for line in result.drops:
+        console.print(line, highlight=False, markup=False)
     console.print(f"{len(result.summaries)} runs, {len(result.plots)} plots")
     print(result.markdown)
 

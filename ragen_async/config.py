@@ -234,6 +234,10 @@ class StalenessConfig(_Strict):
     adaptive_signals: list[str] = Field(default_factory=lambda: ["reward_std", "entropy", "grad_norm"])
     """The early-warning signals that halve the adaptive bound (``collapse.SIGNALS``; RAGEN's three by
     default, the staleness-specific ``stale_kl`` and ``stale_ess`` on request)."""
+    consume: Literal["arrival", "in_order"] = "arrival"
+    """Which groups a batch takes: ``arrival`` = the lowest-index groups that have arrived (a slow group is
+    overtaken and may be dropped as stale); ``in_order`` = the lowest outstanding admitted indices, waited
+    for, so under a fixed bound nothing is dropped (docs/architecture.md)."""
 
     @model_validator(mode="after")
     def _consistent_bound(self) -> StalenessConfig:

@@ -121,7 +121,7 @@ def make_buffer(cfg: RunConfig) -> TrajectoryBuffer:
         groups_per_step=cfg.rollout.groups_per_step, max_staleness=cfg.staleness.max_staleness,
         filter_mode=cfg.algo.filter_mode, filter_ratio=cfg.algo.filter_ratio, norm_mode=cfg.algo.grpo_norm,
         num_ranks=cfg.learner.num_ranks if cfg.runtime == "ray" else 1, fixed_lag=cfg.staleness.fixed_lag,
-        group_size=cfg.rollout.group_size)
+        group_size=cfg.rollout.group_size, consume=cfg.staleness.consume)
 
 
 def make_runtime(cfg: RunConfig, log_dir: Path | None = None, pool: EnginePool | None = None,
@@ -282,7 +282,7 @@ class Trainer:
     # ------------------------------------------------------------------ the loop's parts
     async def collect(self, step: int) -> Batch:
         """Receive groups until the buffer can assemble this step's batch; report every drop once."""
-        while not self.buffer.ready(self.version):
+        while not self.buffer.ready(self.version, time.time()):
             group = await self.runtime.receive(0.2)
             if group is not None and group.index in self.received:
                 # A second copy (a replayed frame): training on it twice, or failing on it, is not an option.
@@ -300,8 +300,7 @@ class Trainer:
 
     async def _report(self, consumed: list[int]) -> None:
         drops = self.buffer.drain_drops()
-        self._drops += [{"index": d.index, "reason": d.reason, "where": d.where, "staleness": d.staleness}
-                        for d in drops]
+        self._drops += [d.as_record() for d in drops]
         if consumed or drops:
             await self.runtime.admission.resolve(consumed, [d.index for d in drops])
 
@@ -478,6 +477,7 @@ class Trainer:
         self.start_step, self.syncs = int(state["step"]), int(state["syncs"])
         self.completed = self.saved_step = self.start_step
         await self.runtime.admission.restore(state["admission"])
+        self.buffer.restore(int(state["admission"]["next_index"]), state["admission"]["outstanding"])
         if "early_warning" in state:
             self.warnings.restore(state["early_warning"])
         if "budget" in state:  # (older checkpoints lack these: keep their defaults)

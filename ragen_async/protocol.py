@@ -357,6 +357,8 @@ AnyTrajectory: TypeAlias = Trajectory | TrajectoryMeta
 class _GroupFacts:
     __slots__ = ()
     trajectories: Sequence[AnyTrajectory]
+    created_at: float
+    finished_at: float
 
     @property
     def scores(self) -> list[float]:
@@ -369,6 +371,16 @@ class _GroupFacts:
     @property
     def num_tokens(self) -> int:
         return sum(t.num_tokens for t in self.trajectories)
+
+    def episode_facts(self) -> dict[str, float | int]:
+        """What a comparison of groups needs, from the header alone: mean ``turns`` per episode, generated
+        (sampled) ``tokens`` summed over the episodes, the share of episodes that ``success``-ed, and the
+        seconds the group was in play (``in_flight_s``, finished - created, on the producer's clock)."""
+        trajs = self.trajectories
+        return {"turns": round(sum(len(t.turns) for t in trajs) / max(len(trajs), 1), 4),
+                "tokens": int(sum(t.num_response_tokens for t in trajs)),
+                "success": round(sum(bool(t.success) for t in trajs) / max(len(trajs), 1), 4),
+                "in_flight_s": round(float(self.finished_at - self.created_at), 4)}
 
 
 @dataclass(frozen=True, slots=True)

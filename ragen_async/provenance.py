@@ -19,8 +19,11 @@ from ragen_async.protocol import AnyGroup, BatchShard
 
 def provenance_record(step: int, learner_version: int, groups: Sequence[AnyGroup],
                       shards: Sequence[BatchShard], dropped: Sequence[dict] = ()) -> dict:
-    """One step: every consumed group (``groups``: index, id, seed, worker, kept, versions, scores) and
-    every group dropped while this step's batch was collected (``dropped``: index, reason, where)."""
+    """One step: every consumed group (``groups``: index, id, seed, worker, kept, versions, scores, and its
+    episode statistics: mean turns, generated tokens, success share, seconds in play) and every group dropped
+    while this step's batch was collected (``dropped``: ``buffer.DropRecord.as_record``: index, reason, where,
+    staleness, the bound and how far past it, seconds waited, the level, the same episode statistics and
+    scores; files written before these existed hold index, reason, where and staleness only)."""
     kept = {t.traj_id for s in shards for t in s.trajectories}
     out = []
     for g in groups:
@@ -31,6 +34,7 @@ def provenance_record(step: int, learner_version: int, groups: Sequence[AnyGroup
             "min_version": min(sampled, default=None),
             "max_version": max(sampled, default=None),
             "scores": [round(float(x), 6) for x in g.scores],
+            **g.episode_facts(),
         })
     return {"step": step, "learner_version": learner_version, "groups": out, "dropped": list(dropped)}
 
@@ -185,6 +189,49 @@ def audit_staleness(provenance: Sequence[dict], max_staleness: int | None, *, fi
     }
 
 
+def audit_in_order(provenance: Sequence[dict], max_staleness: int | None, *, adaptive: bool = False,
+                   bounds: Mapping[int, int | None] | None = None, up_to_step: int | None = None) -> dict:
+    """Check a run that consumed in order (``staleness.consume: in_order``) did what that mode promises.
+
+    * ``drops``: under a fixed bound (or none) in-order consumption drops nothing (docs/architecture.md), so
+      every drop is listed. Under the adaptive bound a drop is explained only by a tightening: the bound in
+      force at its step (``bounds``, :func:`bounds_from_metrics`) is below one in force at an earlier step or
+      at the start (``max_staleness``; ``None`` = unbounded), under which the group may have been admitted;
+      a drop at a step whose bound is at or above every earlier one is listed. A step without a recorded
+      bound explains nothing.
+    * ``out_of_order``: each step's consumed indices all lie above the previous step's (the head of the line
+      only moves up); a step that consumed an index at or below the previous step's largest is listed.
+
+    Steps above ``up_to_step`` are skipped."""
+    inf = math.inf
+
+    def level(bound: int | None) -> float:
+        return inf if bound is None else float(bound)
+
+    drops: list[dict] = []
+    out_of_order: list[dict] = []
+    highest = level(max_staleness)  # the loosest bound in force so far (adaptive)
+    previous_max: int | None = None
+    for record in sorted(provenance, key=lambda r: int(r["step"])):
+        step = int(record["step"])
+        if up_to_step is not None and step > up_to_step:
+            continue
+        known = bounds is not None and step in bounds
+        bound = level(bounds[step]) if known else None
+        for d in record.get("dropped", []):
+            if not adaptive or bound is None or bound >= highest:
+                drops.append({"step": step, "index": int(d["index"]), "reason": d.get("reason"),
+                              "where": d.get("where"), "staleness": d.get("staleness")})
+        if bound is not None:
+            highest = max(highest, bound)
+        indices = [int(g["index"]) for g in record["groups"]]
+        if indices and previous_max is not None and min(indices) <= previous_max:
+            out_of_order.append({"step": step, "lowest": min(indices), "previous_highest": previous_max})
+        if indices:
+            previous_max = max(indices)
+    return {"drops": drops, "out_of_order": out_of_order}
+
+
 class CannotAudit(Exception):
     """The run directory lacks what an audit needs (a complete checkpoint, provenance, readable settings)."""
 
@@ -202,7 +249,9 @@ class RunAudit:
     rule: str
     """The staleness rule checked, in words."""
     errors: list[str]
-    """One line per duplicate/unexplained finding and per staleness violation."""
+    """One line per duplicate/unexplained finding, per staleness violation and per in-order finding."""
+    in_order: dict | None = None
+    """:func:`audit_in_order`'s result for a run with ``staleness.consume: in_order``; ``None`` otherwise."""
 
     @property
     def failed(self) -> bool:
@@ -267,4 +316,14 @@ def audit_run_dir(path: Path) -> RunAudit:
     if accounting["duplicates"] or accounting["unexplained"]:
         errors.append(f"duplicates {accounting['duplicates'][:20]}, unexplained {accounting['unexplained'][:20]}")
     errors += [_violation_line(v) for v in stale["violations"]]
-    return RunAudit(checkpoint.name, step, accounting, stale, _rule(stale["regime"], s.max_staleness), errors)
+    in_order = None
+    if s.consume == "in_order":
+        in_order = audit_in_order(provenance, s.max_staleness, adaptive=s.adaptive, bounds=bounds, up_to_step=step)
+        errors += [f"step {d['step']} dropped group index {d['index']} ({d['reason']}@{d['where']}, staleness "
+                   f"{d['staleness']}) in an in-order run" + (" at a step whose bound had not tightened"
+                                                               if s.adaptive else "") + " (in_order_drop)"
+                   for d in in_order["drops"]]
+        errors += [f"step {o['step']} consumed index {o['lowest']}, not above the previous step's {o['previous_highest']} "
+                   "in an in-order run (in_order_order)" for o in in_order["out_of_order"]]
+    return RunAudit(checkpoint.name, step, accounting, stale, _rule(stale["regime"], s.max_staleness), errors,
+                    in_order)

@@ -11,9 +11,10 @@ The bound is enforced in two places:
    group may start only while ``groups_started < (k + v + 1) · groups_per_step``, where v is the version
    every inference engine has loaded. If the learner consumes groups in admission order, group number i
    is trained on at version ⌊i / B⌋ and was started at a published version v ≥ ⌊i / B⌋ − k, so its tokens
-   are at most k versions old.
+   are at most k versions old. In-order consumption (``staleness.consume: in_order``, the buffer's
+   ``consume``) makes the learner consume exactly so, so under a fixed k nothing is dropped.
 2. The trajectory buffer drops whatever still exceeds k when it would be consumed (a safety net for
-   reordering and dropped groups; every drop is counted).
+   reordering in arrival order, a bound that tightened, and dropped groups; every drop is counted).
 
 This module is pure: no ray, zmq, vllm or torch.distributed, no I/O, and no clock reads — every time is
 passed in by the caller, so decisions are deterministic and unit-testable.

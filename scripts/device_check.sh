@@ -1,26 +1,44 @@
 #!/usr/bin/env bash
-# The check for a lent GPU machine (one H200, torch and transformers preinstalled, no vLLM, no Ray, no
-# network): the parts of the system that run there, the learner and the data plane, in well under
-# 10 minutes, figures in one JSON.
+# The device check: does the paper path learn on this machine? Run it first on a GPU node. It needs torch
+# and transformers; vLLM, Ray and more GPUs unlock more stages, and a stage whose needs are missing is
+# skipped with its reason. Nothing is fetched from the network. Sized for 5 minutes on one H100 with torch and
+# transformers only (this project's lent machine: no vLLM, no Ray, one GPU); not yet run on a GPU.
 #
-#   make device-wheels                          # here: .whl/ gets the packages that machine lacks (cp312)
-#   scripts/device_check.sh "$OUT"              # there, from the repository root, with .whl and
-#                                               # artifacts/tiny-model carried
-#   scripts/device_check.sh --dry-run DIR       # here, on the CPU: every stage, small, without CUDA (CI runs it)
+#   scripts/device_check.sh OUT_DIR             # from anywhere; OUT_DIR gets the results
+#   scripts/device_check.sh --dry-run DIR       # the stages that run on a CPU, small (the suite runs this:
+#                                               # tests/experiments/test_device_check.py)
+#   make device-wheels                          # for a machine without the project's other dependencies:
+#                                               # .whl/ gets them (cp312), installed from there first
 #
-# Stages, each with its exit status and duration in DIR/device_check.json:
-#   learner_cuda_tests  tests/learner/test_learner_cuda.py (a StarPO-S step on CUDA equals the CPU step;
-#                       chunked log-probs keep peak memory bounded); skipped without CUDA
-#   learner_bench       ragen-async bench learner: a Qwen2.5-0.5B-shaped model (random weights), one
-#                       rank's share of a paper step in float32 and in bfloat16 (fp32 masters, bf16 compute),
-#                       activation checkpointing off and on: tokens/s, peak memory, MFU against 790 TFLOP/s,
-#                       and whether the mixed-precision learner learns: its first update at lr 1e-6 must move
-#                       > 99 % of the master weights and lie within 0.35 of float32's (relative norm); the
-#                       summary's "mixed_precision" says so (dry run: the tiny model on the CPU, one step)
-#   transport_bench     ragen-async bench transport --pin: each end on its own half of the cores
-#   weights_bench       ragen-async bench weights: the gloo weight sync, tiny model and 0.5B shapes
-# Output in DIR: device_check.json (stages, learner rows, the machine), device_check.log (every stage's
-# output), benchmarks.md (the benchmarks' tables, to copy into docs/benchmarks.md).
+# Stages (the question each answers, and what it needs):
+#   learner_cuda_tests  does a StarPO-S step on CUDA equal the CPU step? tests/learner/test_learner_cuda.py
+#                       (needs CUDA)
+#   learner_learns      does the learner learn? `ragen-async bench learns`: a one-token bandit with a known
+#                       optimum (P(target) = 1), configs/paper/starpo_s_bandit.yaml's StarPO-S (critic, GAE,
+#                       std filter) through the real buffer and Learner, sampling from the learner's own actor,
+#                       40 steps in float32 and in bfloat16 (fp32 masters, bf16 compute) on the tiny model;
+#                       passes if both reach P(target) >= 0.9 and bf16's curve is within 0.05 of fp32's on
+#                       average over the steps (ragen_async/bench/learns.py). Dry run: the same on the CPU,
+#                       25 steps (both reached 0.9 at step 17 on a 2-CPU Xeon)
+#   learner_mfu         what does a learner step cost? `ragen-async bench learner` at Qwen2.5-0.5B's shape
+#                       (random weights), one rank's share of a paper step, float32 and bfloat16, activation
+#                       checkpointing off and on: MFU and HFU against the GPU's spec peak and against a matmul
+#                       timed in the same run (docs/benchmarks.md has the FLOP count); and whether the bf16
+#                       learner's first update at lr 1e-6 moves > 99 % of the master weights within 0.35 of
+#                       fp32's (relative norm). Dry run: the tiny model on the CPU, one step
+#   decode_graphs, decode_eager
+#                       what do CUDA graphs buy? `ragen-async bench decode`: one vLLM engine's decode tokens/s
+#                       with CUDA graphs and in eager mode, 64 requests x 256 tokens, on RAGEN_MODEL_PATH or a
+#                       Qwen2.5-0.5B-shaped random model (needs vLLM and CUDA)
+#   paper_run           does the whole path learn? `ragen-async train` on Bandit for 20 steps (configs/demo.yaml,
+#                       bf16) with Ray, vLLM on CUDA, NCCL weight sync, every sync verified byte for byte
+#                       (weight_sync.verify_every: 1) and DDP over 2 learner ranks (1 with only 2 GPUs: DDP then
+#                       goes unexercised), --require-val-success RAGEN_VAL_SUCCESS (default 0.9: the tiny model
+#                       had 0.992 and 1.000 at step 20 in the two `make demo` runs of docs/results.md) on
+#                       RAGEN_MODEL_PATH (default the tiny model, artifacts/tiny-model) (needs vLLM, Ray, >= 2 GPUs)
+# At the end one VERDICT line per question (yes / no / skipped, with figures or the reason); the exit status is
+# 1 if a question that ran failed. Output in OUT_DIR: device_check.json (stages, verdicts, learner rows, curves,
+# decode figures, the machine), device_check.log (every stage's output), benchmarks.md (the tables).
 set -uo pipefail
 
 dry=0
@@ -31,6 +49,9 @@ out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/.." || exit 2
 py=${PYTHON:-python3}
 log=$out/device_check.log
+tmp=$out/.stages
+rm -rf "$tmp"
+mkdir -p "$tmp" || exit 2
 : > "$log"
 
 # The packages the machine's image lacks travel as wheels (cp312, for that machine: a dry run uses the
@@ -44,6 +65,19 @@ else
 fi
 export WANDB_MODE=disabled PYTHONUNBUFFERED=1
 
+# What the machine has: CUDA, how many GPUs, vLLM, Ray (installed: found by the import system).
+read -r gpus has_vllm has_ray < <("$py" - <<'PY'
+import importlib.util
+import torch
+n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+print(n, int(importlib.util.find_spec("vllm") is not None), int(importlib.util.find_spec("ray") is not None))
+PY
+) || { echo "torch does not import with $py"; exit 2; }
+((dry)) && gpus=0  # a dry run stays on the CPU whatever the machine has
+model=${RAGEN_MODEL_PATH:-artifacts/tiny-model}
+echo "[device-check] $gpus GPU(s), vllm $((has_vllm)), ray $((has_ray)), model $model, dry run $dry" | tee -a "$log"
+((gpus)) && nvidia-smi >> "$log" 2>&1
+
 stages=()
 stage() {  # stage NAME COMMAND...: run it, its output into the log, its status and seconds into the JSON
     local name=$1 start=$SECONDS rc
@@ -54,47 +88,56 @@ stage() {  # stage NAME COMMAND...: run it, its output into the log, its status 
     echo "[device-check] $name: exit $rc in $((SECONDS - start)) s" | tee -a "$log"
     stages+=("{\"stage\": \"$name\", \"exit\": $rc, \"seconds\": $((SECONDS - start))}")
 }
+skip() {  # skip NAME REASON
+    echo "[device-check] $1: skipped ($2)" | tee -a "$log"
+    stages+=("{\"stage\": \"$1\", \"skipped\": \"$2\"}")
+}
 
 cli=("$py" -m ragen_async.cli bench)
-if ((dry)); then
-    stage learner_cuda_tests "$py" -m pytest -q -rs -p no:cacheprovider tests/learner/test_learner_cuda.py
-    stage learner_bench "${cli[@]}" learner --shape tiny --device cpu --steps 1 --warmup 0 --checkpointing off \
-        --dtype float32 --dtype bfloat16 --json "$out/learner.json" --out "$out/benchmarks.md"
-    stage transport_bench "${cli[@]}" transport --pin --groups 20 --repeats 1 --out "$out/benchmarks.md"
-    stage weights_bench "${cli[@]}" weights --no-large --repeats 1 --out "$out/benchmarks.md"
-else
-    nvidia-smi >> "$log" 2>&1
+if ((gpus)); then
     stage learner_cuda_tests "$py" -m pytest -q -s -rs -m gpu -p no:cacheprovider tests/learner/test_learner_cuda.py
-    stage learner_bench "${cli[@]}" learner --shape qwen0.5b --device cuda --steps 5 --warmup 2 \
-        --dtype float32 --dtype bfloat16 --json "$out/learner.json" --out "$out/benchmarks.md"
-    stage transport_bench "${cli[@]}" transport --pin --groups 2000 --repeats 3 --out "$out/benchmarks.md"
-    stage weights_bench "${cli[@]}" weights --repeats 5 --out "$out/benchmarks.md"
+    stage learner_learns "${cli[@]}" learns --device cuda --steps 40 --json "$tmp/learns.json" --out "$out/benchmarks.md"
+    stage learner_mfu "${cli[@]}" learner --shape qwen0.5b --device cuda --steps 2 --warmup 1 \
+        --dtype float32 --dtype bfloat16 --json "$tmp/learner.json" --out "$out/benchmarks.md"
+else
+    skip learner_cuda_tests "no CUDA device"
+    stage learner_learns "${cli[@]}" learns --device cpu --steps 25 --json "$tmp/learns.json" --out "$out/benchmarks.md"
+    stage learner_mfu "${cli[@]}" learner --shape tiny --device cpu --steps 1 --warmup 0 --checkpointing off \
+        --dtype float32 --dtype bfloat16 --json "$tmp/learner.json" --out "$out/benchmarks.md"
 fi
 
-# One JSON: the stages, the learner's rows and what the machine was.
+decode_model=${RAGEN_MODEL_PATH:-qwen0.5b}
+if ((!gpus)); then
+    skip decode_graphs "no CUDA device (vLLM on a CPU cannot capture CUDA graphs)"
+    skip decode_eager "no CUDA device"
+elif ((!has_vllm)); then
+    skip decode_graphs "vllm is not installed"
+    skip decode_eager "vllm is not installed"
+else
+    stage decode_graphs "${cli[@]}" decode --model "$decode_model" --graphs --json "$tmp/decode_graphs.json"
+    stage decode_eager "${cli[@]}" decode --model "$decode_model" --eager --json "$tmp/decode_eager.json"
+fi
+
+if ((gpus < 2)); then
+    skip paper_run "needs >= 2 GPUs (one for the engine, one per learner rank); this machine has $gpus"
+elif ((!has_vllm || !has_ray)); then
+    skip paper_run "needs vllm and ray installed"
+elif [[ ! -f $model/config.json ]]; then
+    skip paper_run "no model at $model (set RAGEN_MODEL_PATH, or run \`ragen-async make-model\`)"
+else
+    ranks=$((gpus >= 3 ? 2 : 1))
+    echo "$ranks" > "$tmp/paper_run.ranks"
+    # (the train command's last stdout line is its JSON summary: the verdict reads val/success there)
+    # shellcheck disable=SC2016  # expanded by the inner bash
+    stage paper_run bash -c 'set -o pipefail; "${@:2}" | tee "$1"' _ "$tmp/paper_run.out" \
+        "$py" -m ragen_async.cli train configs/demo.yaml --require-val-success "${RAGEN_VAL_SUCCESS:-0.9}" \
+        --run-dir "$out/paper_run-$(date +%Y%m%d-%H%M%S)" total_steps=20 "model.path=$model" model.dtype=bfloat16 \
+        validation.every=10 \
+        rollout.num_workers=1 rollout.gpus_per_worker=1 "learner.num_ranks=$ranks" learner.gpus_per_rank=1 \
+        learner.strategy=ddp learner.backend=nccl weight_sync.backend=nccl weight_sync.verify_every=1 \
+        inference.gpu_memory_utilization=0.3
+fi
+
+# One JSON (the stages, the verdicts, every stage's figures, the machine) and one verdict line per question.
 joined=$(IFS=,; echo "${stages[*]}")
-"$py" - "$out" "$dry" "[$joined]" <<'PY'
-import json, os, platform, sys
-out, dry, stages = sys.argv[1], sys.argv[2] == "1", json.loads(sys.argv[3])
-learner = os.path.join(out, "learner.json")
-machine = {"cpus": os.cpu_count(), "python": platform.python_version()}
-try:
-    import torch
-    machine["torch"] = torch.__version__
-    machine["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-except ImportError:
-    pass
-rows = json.load(open(learner)) if os.path.exists(learner) else None
-# The mixed-precision learner learns: its first update at lr 1e-6 moves nearly every master weight, as fp32's does.
-mixed = [r for r in rows or [] if r["dtype"] == "bfloat16"]
-mp_ok = bool(mixed) and all(r["moved_frac"] > 0.99 and r["update_vs_fp32"] is not None and r["update_vs_fp32"] <= 0.35
-                            for r in mixed)
-stages.append({"stage": "mixed_precision", "exit": 0 if mp_ok else 1, "seconds": 0})
-summary = {"dry_run": dry, "machine": machine, "stages": stages, "learner": rows}
-json.dump(summary, open(os.path.join(out, "device_check.json"), "w"), indent=1)
-if os.path.exists(learner):
-    os.remove(learner)  # (in device_check.json now: the device hands back at most 8 files)
-failed = [s["stage"] for s in stages if s["exit"] != 0]
-print(f"[device-check] {'failed: ' + ', '.join(failed) if failed else 'every stage passed'}; {out}/device_check.json")
-sys.exit(1 if failed else 0)
-PY
+"$py" -m ragen_async.bench.device_verdicts "$out" "$dry" "[$joined]"

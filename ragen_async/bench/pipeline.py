@@ -10,7 +10,9 @@ the same cores it is meaningless, so every mode is run *pinned* (rollout actors 
 on one CPU set, learner ranks on a disjoint one, thread counts matched) and, for comparison,
 *unpinned* (the same thread counts, no CPU sets). *config* keeps the config's own placement (CPU
 sets and thread counts): what a run of that config gets, e.g. the study's k = 0 runs, whose two
-sides take turns on both cores. A benchmark measures; nothing here asserts a speed.
+sides take turns on both cores. Each run consumes groups in arrival order or in order
+(``--consume``, ``staleness.consume``), and the table gives each run's share of generated groups dropped
+beside its speed. A benchmark measures; nothing here asserts a speed.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ class BenchRow:
     t_train_s: float
     steps: int
     wall_s: float
+    consume: str = "arrival"
+    """``staleness.consume`` of the run: ``arrival`` or ``in_order``."""
+    dropped_share: float = float("nan")
+    """Groups dropped / (consumed + dropped) over the measured steps."""
 
 
 def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -95,12 +101,25 @@ def parse_mode(text: str) -> str:
     return text
 
 
-def bench_config(base: RunConfig, k: int | None, mode: str, steps: int, cpus: list[int]) -> RunConfig:
-    mode = parse_mode(mode)
+CONSUME = ("arrival", "in_order")
+"""Consumption modes ``bench pipeline`` measures (``staleness.consume``)."""
+
+
+def parse_consume(text: str) -> str:
+    """A consumption mode as the command line gives it: one of :data:`CONSUME`."""
+    if text not in CONSUME:
+        raise ValueError(f"--consume {text!r}: expected one of {', '.join(CONSUME)}")
+    return text
+
+
+def bench_config(base: RunConfig, k: int | None, mode: str, steps: int, cpus: list[int],
+                 consume: str = "arrival") -> RunConfig:
+    mode, consume = parse_mode(mode), parse_consume(consume)
     data = base.model_dump()
-    data.update(runtime="ray", total_steps=steps, name=f"bench-k{'inf' if k is None else k}-{mode}")
+    suffix = "" if consume == "arrival" else "-in_order"
+    data.update(runtime="ray", total_steps=steps, name=f"bench-k{'inf' if k is None else k}-{mode}{suffix}")
     data["validation"]["every"] = 0
-    data["staleness"] = {"max_staleness": k, "fixed_lag": False}
+    data["staleness"] = {"max_staleness": k, "fixed_lag": False, "consume": consume}
     data["logging"]["console"] = False
     if mode != "config":
         rollout_cpus, learner_cpus = split_cpus(cpus)
@@ -122,6 +141,7 @@ def run_one(cfg: RunConfig, mode: str, warmup_steps: int) -> BenchRow:
     measured = rows[warmup_steps:] or rows
     elapsed = sum(r["timing/step_s"] for r in measured)
     groups = cfg.rollout.groups_per_step * len(measured)
+    dropped = sum(r.get("staleness/dropped_groups", 0.0) for r in measured)
     tokens = sum(r.get("learner/num_tokens", 0.0) for r in measured)
     return BenchRow(
         mode=mode,
@@ -135,6 +155,8 @@ def run_one(cfg: RunConfig, mode: str, warmup_steps: int) -> BenchRow:
         t_train_s=_mean(measured, "timing/train_s") + _mean(measured, "weight_sync/time_s"),
         steps=len(measured),
         wall_s=wall,
+        consume=cfg.staleness.consume,
+        dropped_share=dropped / max(groups + dropped, 1e-9),
     )
 
 
@@ -144,16 +166,21 @@ def overlap_bound(k0: BenchRow) -> float:
 
 
 def format_table(rows: list[BenchRow]) -> str:
-    lines = ["| mode | k | groups/s | learner tok/s | rollout idle | learner idle | mean staleness | "
-             "× k=0 | overlap bound (k=0) |", "|---|---|---|---|---|---|---|---|---|"]
+    """One row per run: the placement (and ``in order`` for an in-order run), k, the rates, the share of
+    generated groups dropped, and the speed relative to k = 0 of the same placement and consumption."""
+    lines = ["| mode | k | groups/s | learner tok/s | rollout idle | learner idle | mean staleness | dropped | "
+             "× k=0 | overlap bound (k=0) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for mode in MODES:
-        mode_rows = [r for r in rows if r.mode == mode]
-        base = next((r for r in mode_rows if r.k == 0), None)
-        for r in mode_rows:
-            ratio = r.groups_per_s / base.groups_per_s if base else float("nan")
-            bound = f"{overlap_bound(base):.2f}" if base is not None and r.k == 0 else ""
-            lines.append(f"| {mode} | {k_label(r.k)} | {r.groups_per_s:.3f} | {r.learner_tokens_per_s:.0f} | "
-                         f"{r.rollout_idle:.2f} | {r.learner_idle:.2f} | {r.staleness_mean:.2f} | {ratio:.2f} | {bound} |")
+        for consume in CONSUME:
+            mode_rows = [r for r in rows if r.mode == mode and r.consume == consume]
+            base = next((r for r in mode_rows if r.k == 0), None)
+            label = mode if consume == "arrival" else f"{mode}, in order"
+            for r in mode_rows:
+                ratio = r.groups_per_s / base.groups_per_s if base else float("nan")
+                bound = f"{overlap_bound(base):.2f}" if base is not None and r.k == 0 else ""
+                lines.append(f"| {label} | {k_label(r.k)} | {r.groups_per_s:.3f} | {r.learner_tokens_per_s:.0f} | "
+                             f"{r.rollout_idle:.2f} | {r.learner_idle:.2f} | {r.staleness_mean:.2f} | "
+                             f"{100 * r.dropped_share:.1f} % | {ratio:.2f} | {bound} |")
     return "\n".join(lines)
 
 
@@ -176,9 +203,10 @@ def machine_description() -> str:
 
 
 def bench_pipeline(config: Path, overrides: list[str], ks: list[int | None], steps: int, warmup_steps: int,
-                   modes: list[str]) -> tuple[list[BenchRow], str]:
+                   modes: list[str], consumes: tuple[str, ...] | list[str] = ("arrival",)) -> tuple[list[BenchRow], str]:
     base = load_config(config, overrides)
     cpus = sorted(os.sched_getaffinity(0))
-    configs = [(mode, bench_config(base, k, mode, steps, cpus)) for mode in modes for k in ks]
+    configs = [(mode, bench_config(base, k, mode, steps, cpus, consume)) for mode in modes for consume in consumes
+               for k in ks]
     rows = [run_one(cfg, mode, warmup_steps) for mode, cfg in configs]
     return rows, format_table(rows)

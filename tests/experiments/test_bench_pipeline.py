@@ -48,3 +48,23 @@ def test_config_mode_keeps_the_configs_placement():
     assert (split.rollout.cpu_affinity, split.learner.cpu_affinity, split.learner.torch_threads) == ([0], [1], 1)
     unpinned = bench_config(base, 0, "unpinned", steps=8, cpus=[0, 1])
     assert (unpinned.rollout.cpus_per_worker, unpinned.learner.torch_threads) == (1, 1)
+
+
+def test_both_consumption_modes_are_benched_side_by_side_with_their_drops():
+    """``--consume arrival --consume in_order``: the same k under each mode, each compared with k = 0 of its
+    own mode, and the share of generated groups each dropped (the measurement itself: docs/benchmarks.md)."""
+    base = load_config("configs/tiny/study_specimen.yaml")
+    cfg = bench_config(base, 2, "config", steps=8, cpus=[0, 1], consume="in_order")
+    assert (cfg.staleness.consume, cfg.staleness.max_staleness, cfg.name) == ("in_order", 2, "bench-k2-config-in_order")
+    assert bench_config(base, 2, "config", steps=8, cpus=[0, 1]).staleness.consume == "arrival"
+
+    def row(k, consume, groups_per_s, dropped):
+        return BenchRow("config", k, groups_per_s, 1000.0, 0.1, 0.2, 1.0, 1.0, 1.0, 6, 60.0, consume, dropped)
+
+    lines = format_table([row(0, "arrival", 1.0, 0.0), row(2, "arrival", 1.5, 0.02),
+                          row(0, "in_order", 1.0, 0.0), row(2, "in_order", 1.2, 0.0)]).splitlines()
+    assert "| dropped |" in lines[0]
+    assert lines[3].startswith("| config | 2 | 1.500 |") and "| 2.0 % | 1.50 |" in lines[3]
+    assert lines[5].startswith("| config, in order | 2 | 1.200 |") and "| 0.0 % | 1.20 |" in lines[5]
+    result = CliRunner().invoke(app, ["bench", "pipeline", "--consume", "fifo"])
+    assert result.exit_code == 2 and "--consume 'fifo': expected one of arrival, in_order" in result.output

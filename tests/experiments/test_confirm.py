@@ -145,3 +145,77 @@ def test_the_controller_is_set_beside_the_unbounded_and_synchronous_cells(tmp_pa
     text = "\n".join(confirm_section(runs, summaries))
     assert "M(controller) 0.400 - M(unbounded) 0.220 = +0.180 [" in text
     assert "M(controller) 0.400 - M(synchronous (k = 0)) 0.450 = -0.050 [" in text
+
+
+def test_holm_adjusts_by_the_step_down_rule():
+    from ragen_async.study.report.confirm import holm
+
+    # By hand: sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 -> 0.02, 0.03, 0.06, 0.04, then kept non-decreasing
+    # (0.04 -> 0.06) and capped at 1; NaN (a prediction without a p) neither adjusted nor counted in m.
+    got = holm([0.01, 0.04, float("nan"), 0.03, 0.005])
+    assert got[2] != got[2]
+    assert [round(p, 10) for i, p in enumerate(got) if i != 2] == [0.03, 0.06, 0.06, 0.02]
+    assert holm([0.6, 0.9]) == [1.0, 1.0]
+    assert holm([]) == []
+
+
+def test_holm_p_is_shown_beside_within_each_tasks_family_and_leaves_the_verdicts(tmp_path, make_run):
+    from ragen_async.study.report.confirm import holm
+
+    runs, summaries = _runs(tmp_path / "sokoban", make_run)
+    lifted = {key: level + 0.2 for key, level in FL.items()}
+    more, more_summaries = _runs(tmp_path / "countdown", make_run, lifted, task="SmallCountdown", ess_fires_at=())
+    got = verdicts(runs + more, summaries + more_summaries)
+    by = {v.name: v for v in got}
+    # The family of a task: its predictions with a p (H1-H5; C1, C2), adjusted together, never across tasks.
+    family = ["H1", "H2", "H3", "H4", "H5"]
+    assert [by[h].p_holm for h in family] == holm([by[h].p for h in family])
+    assert [by[h].p_holm for h in ("C1", "C2")] == holm([by["C1"].p, by["C2"].p])
+    assert all(by[h].p_holm != by[h].p_holm for h in ("H6", "H7", "H8", "C0", "C3", "C4", "F1"))
+    assert by["H2"].p_holm >= by["H2"].p
+    # The verdicts stay the registered rule's (unadjusted p < 0.05).
+    assert [by[h].verdict for h in family] == ["held"] * 5
+    text = "\n".join(confirm_section(runs + more, summaries + more_summaries))
+    assert "| p | Holm p | verdict |" in text
+    h2 = next(line for line in text.splitlines() if line.startswith("| H2 |"))
+    assert f"| {by['H2'].p:.3f} | {by['H2'].p_holm:.3f} | held |" in h2
+    assert "Holm's step-down" in text and "shown beside" in text
+
+
+def test_the_cost_is_shaped_by_segments_and_by_aic_beside_the_verdicts(tmp_path, make_run):
+    from ragen_async.study.report.confirm import cost_shape
+
+    runs, summaries = _runs(tmp_path, make_run)
+    lines = "\n".join(cost_shape(summaries))
+    # Per version of age between the cells' means: (0.42 - 0.45) / 1.8 and (0.33 - 0.42) / (10 - 1.8).
+    assert "SimpleSokoban at actor lr 1e-4 (9 runs): per version of mean age -0.0167 from k = 0 to k = 2" in lines
+    assert "-0.0110 from k = 2 to unbounded" in lines
+    assert "AIC" in lines and "log(1 + age)" in lines and "step's lack of fit" in lines
+    # Two cells at lr 2e-4 (k = 0, unbounded): no shape to tell apart, no line for it.
+    assert "actor lr 2e-4" not in lines
+    assert "The shape of the cost" in "\n".join(confirm_section(runs, summaries))
+
+
+def test_the_single_digit_variant_is_named_smallcountdown(tmp_path, make_run):
+    runs, summaries = _runs(tmp_path, make_run)
+    claims = [v.claim for v in verdicts(runs, summaries) if v.name.startswith("C")]
+    assert len(claims) == 5 and all("SmallCountdown" in c for c in claims)
+
+
+def test_the_falls_beside_h4_are_counted_and_tested(tmp_path, make_run):
+    # The unbounded cell at lr 2e-4 above the fall line (0.176 + (0.36 - 0.176) / 2 = 0.268) but for two runs.
+    runs, summaries = _runs(tmp_path, make_run, {**LEVEL, (2e-4, "kinf"): 0.30}, falls=[("kinf", 3), ("kinf", 4)])
+    text = "\n".join(confirm_section(runs, summaries))
+    # 2 of 3 against 0 of 3: of the C(6, 3) = 20 ways to place 3 runs among 6 with 2 falls, C(2, 2) C(4, 1) = 4 put
+    # both falls in the unbounded cell (none puts more): one-sided p = 4 / 20 = 0.200.
+    assert ("Beside H4 (reported, not decided): falls at lr 2e-4, unbounded 2 of 3, synchronous (k = 0) 0 of 3; "
+            "Fisher's exact test, one-sided (more falls unbounded): p = 0.200.") in text
+
+
+def test_the_second_tasks_controller_is_set_beside_its_unbounded_and_k4_cells(tmp_path, make_run):
+    lifted = {key: level + 0.2 for key, level in FL.items()}
+    runs, summaries = _runs(tmp_path, make_run, lifted, task="SmallCountdown", ess_fires_at=())
+    text = "\n".join(confirm_section(runs, summaries))
+    assert "Beside C3 (reported, not decided): M(controller) 0.510 - M(unbounded) 0.450 = +0.060 [" in text
+    assert "M(controller) 0.510 - M(k = 4) 0.500 = +0.010 [" in text
+    assert "Beside F3" not in text

@@ -13,8 +13,12 @@ directories, sweep directories, or folders holding either) and writes into ``out
   success at equal time (``throughput``); then a table per run: final and best
   validation success per environment, the step validation first reached the threshold, staleness,
   the collapse indicators (largest gradient norm, smallest entropy, in-group reward std early vs
-  late), the behaviour/learner k3 mismatch and the mean step time;
-* ``summary.csv``: the overview as numbers (fall and collapse steps, lead times, false alarms), for analysis;
+  late), the behaviour/learner k3 mismatch and the mean step time; and the drops (:mod:`.drops`), per cell: the
+  share of generated groups the bound threw away, how late they were, generated against consumed groups/s and
+  the share of generated tokens and generation time dropped, and the dropped groups against the consumed ones
+  (by level, where other runs consumed the same level, and by their own episode statistics where recorded);
+* ``summary.csv``: the overview as numbers (fall and collapse steps, lead times, false alarms, the drops), for
+  analysis;
 * ``curves_*.png``: validation success, rollout reward, in-group reward std, entropy, gradient norm,
   valid-action rate, behaviour/learner KL and mean staleness against the learner step, one line per run, coloured by ``max_staleness`` (solid
   = bounded, dashed = fixed lag, dotted = adaptive bound);
@@ -38,10 +42,10 @@ from __future__ import annotations
 import csv
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ragen_async.study.report import headline, tables
+from ragen_async.study.report import drops, headline, tables
 from ragen_async.study.report.confirm import confirm_section, plot_confirmation
 from ragen_async.study.report.figures import plot_cells, plot_curves, plot_lag_sensitivity, plot_staleness_summary
 from ragen_async.study.report.runs import (
@@ -68,6 +72,8 @@ class Report:
     plots: list[Path]
     summaries: list[RunSummary]
     warnings: list[str]
+    drops: list[str] = field(default_factory=list)
+    """One line per cell that dropped groups (the drops section's figures), for the console."""
 
 
 def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: float = 0.9,
@@ -93,6 +99,7 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
     bands = reference_bands(runs, summaries)
     summaries = [summarize(r, threshold, collapse_floor, bands.get(s.actor_lr_key))
                  if s.actor_lr_key in bands and not s.is_reference else s for r, s in zip(runs, summaries, strict=True)]
+    level_differences = drops.attach(runs, summaries)
     with_data = [r for r in runs if r.train or r.val]
     plots = plot_curves(with_data, out, smooth=smooth, baselines=baselines) if with_data else []
     stability = plot_staleness_summary([s for s, r in zip(summaries, runs, strict=True) if r.train or r.val], out)
@@ -116,6 +123,8 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
     header = [h.format(t=f"{threshold:g}") for h in tables.OVERVIEW]
     lines += [*tables.table(header, (tables.overview_row(s) for s in summaries)), ""]
     lines += tables.cells_section(summaries, collapse_floor)
+    drop_lines, drop_console = drops.drops_section(summaries, level_differences)
+    lines += drop_lines
     lines += tables.against_sync_section(summaries)
     lines += headline.shape_section(summaries)
     lines += headline.step_size_section(summaries)
@@ -151,4 +160,4 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         writer.writerows(rows)
-    return Report(markdown, csv_path, plots, summaries, warnings)
+    return Report(markdown, csv_path, plots, summaries, warnings, drop_console)

@@ -2,17 +2,23 @@
 
 The statistics, directions and decision rules are the prediction file's, fixed before the runs; this module only
 computes them, on the confirmation's seeds (3, 4, 5) only. The runs are told apart by task (the validation
-environment: Sokoban for H1-H8, FrozenLake for F0-F4, Countdown on single-digit numbers for C0-C4), actor learning rate (1e-4, 2e-4) and cell: a bound k
+environment: Sokoban for H1-H8, FrozenLake for F0-F4, SmallCountdown (Countdown on single-digit numbers) for C0-C4),
+actor learning rate (1e-4, 2e-4) and cell: a bound k
 (``k0``, ``k2``, ``k4``), unbounded (``kinf``), and the staleness controller (``staleness.adaptive`` from
 unbounded). A hypothesis whose cells do not yet hold two finished runs each is ``pending``; one decided while a
 cell holds fewer than the three seeds is ``held (interim)`` or ``failed (interim)``.
+
+Beside the verdicts, not deciding them (PREDICTIONS.md registers no correction for multiplicity): each p adjusted
+by Holm's step-down over its task's predictions that have one (:func:`holm`), and the shape of the cost along age
+on each task's three cells (:func:`cost_shape`).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +32,9 @@ from ragen_async.study.report.summary import RunSummary
 from ragen_async.study.report.tables import table
 
 SOKOBAN, FROZEN_LAKE, COUNTDOWN = "SimpleSokoban", "FrozenLake", "SmallCountdown"
-"""The tasks, by validation environment: H1-H8 are decided on Sokoban runs, F0-F4 on FrozenLake, C0-C4 on Countdown."""
-SECOND_TASKS = {FROZEN_LAKE: ("F", "FrozenLake"), COUNTDOWN: ("C", "Countdown")}
+"""The tasks, by validation environment: H1-H8 are decided on Sokoban runs, F0-F4 on FrozenLake, C0-C4 on
+SmallCountdown (Countdown on single-digit numbers; PREDICTIONS.md calls it Countdown)."""
+SECOND_TASKS = {FROZEN_LAKE: ("F", "FrozenLake"), COUNTDOWN: ("C", "SmallCountdown")}
 """The second task's candidates in the order they were tried: their predictions' letter and name. Each has its
 gate (``<letter>0``) and four predictions decided only if it passed."""
 FLOORS = {SOKOBAN: 0.176, FROZEN_LAKE: 0.0, COUNTDOWN: 0.0}
@@ -59,6 +66,32 @@ class Verdict:
     verdict: str
     """``held``, ``failed``, ``pending`` (not enough runs yet) or ``not run`` (F1-F4, C1-C4 when their gate failed);
     ``held (interim)`` or ``failed (interim)`` while a cell it reads has fewer runs than ``SEEDS``."""
+    p_holm: float = math.nan
+    """``p`` adjusted by Holm's step-down within its task's family (:func:`holm`); shown beside, never deciding
+    (NaN where ``p`` is)."""
+
+
+def holm(ps: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of the p-values ``ps`` (one family): sorted ascending, the i-th smallest
+    (i = 0, 1, ...) times m - i, kept non-decreasing along the order and capped at 1, where m counts the finite
+    ones. A NaN (a prediction decided by a threshold, or not decided) stays NaN and does not count in m."""
+    finite = sorted((p, i) for i, p in enumerate(ps) if math.isfinite(p))
+    out, running = [math.nan] * len(ps), 0.0
+    for rank, (p, i) in enumerate(finite):
+        running = max(running, min(1.0, (len(finite) - rank) * p))
+        out[i] = running
+    return out
+
+
+def with_holm(vs: Sequence[Verdict]) -> list[Verdict]:
+    """``vs`` with ``p_holm`` set, each family (the predictions of one task: the first letter of the name, H, F
+    or C) adjusted apart."""
+    vs, out = list(vs), list(vs)
+    for family in dict.fromkeys(v.name[0] for v in vs):
+        members = [i for i, v in enumerate(vs) if v.name[0] == family]
+        for i, adjusted in zip(members, holm([vs[i].p for i in members]), strict=True):
+            out[i] = replace(vs[i], p_holm=adjusted)
+    return out
 
 
 def _cell(s: RunSummary, seeds: Sequence[int], task: str) -> str | None:
@@ -235,7 +268,7 @@ def verdicts(runs: Sequence[RunData], summaries: Sequence[RunSummary], lo: float
           [(lo, "kinf")], lambda: _alarm_rate([s for s in c[(lo, "kinf")] if falls[s.name] is None], by_name))
     d.add("H8", f"asynchrony's speed-up at lr 1e-4 (k = 2 and unbounded over k = 0) below {SPEED_LIMIT}× (upper end)",
           [(lo, "k0"), (lo, "k2"), (lo, "kinf")], h8)
-    return d.out + [v for task in SECOND_TASKS for v in second_task_verdicts(runs, summaries, task, lo)]
+    return with_holm(d.out) + [v for task in SECOND_TASKS for v in second_task_verdicts(runs, summaries, task, lo)]
 
 
 def second_task_verdicts(runs: Sequence[RunData], summaries: Sequence[RunSummary], task: str, lr: float = 1e-4
@@ -267,7 +300,7 @@ def second_task_verdicts(runs: Sequence[RunData], summaries: Sequence[RunSummary
               float(np.mean(d.m((lr, "k4")))) if d.have((lr, "k4")) else math.nan, "the k = 4 cell", falls), skip)
     d.add(f"{x}4", f"stale_ess fires at most {ALARMS_PER_100:g} per 100 steps on {env}'s unbounded runs that did not fall",
           [(lr, "kinf")], lambda: _alarm_rate([s for s in c[(lr, "kinf")] if falls[s.name] is None], by_name), skip)
-    return d.out
+    return with_holm(d.out)
 
 
 def leads(runs: Sequence[RunData], summaries: Sequence[RunSummary], watched: Sequence[tuple[str, float]] = (
@@ -292,24 +325,98 @@ def leads(runs: Sequence[RunData], summaries: Sequence[RunSummary], watched: Seq
     return lines
 
 
-def beside_the_controller(summaries: Sequence[RunSummary], hi: float = 2e-4) -> list[str]:
-    """H6's "reported beside it, not decided": the controller cell's M against the unbounded and synchronous
-    cells at lr 2e-4 (Welch differences with 95 % intervals)."""
-    c = cells(summaries)
+def beside_the_controller(summaries: Sequence[RunSummary], hi: float = 2e-4, task: str = SOKOBAN, name: str = "H6",
+                          against: Sequence[tuple[str, str]] = (("kinf", "unbounded"), ("k0", "synchronous (k = 0)"))
+                          ) -> list[str]:
+    """H6's "reported beside it, not decided" (and the same beside a second task's controller prediction, X3,
+    against its unbounded and k = 4 cells): the controller cell's M against the cells ``against`` at lr ``hi``
+    on ``task`` (Welch differences with 95 % intervals)."""
+    c = cells(summaries, task=task)
     ctrl = [s.mean_val for s in c.get((hi, "controller"), [])]
     rows = []
-    for cell, name in (("kinf", "unbounded"), ("k0", "synchronous (k = 0)")):
+    for cell, label in against:
         other = [s.mean_val for s in c.get((hi, cell), [])]
         if len(ctrl) >= 2 and len(other) >= 2:
             d, low, high = stats.welch_difference(ctrl, other)
-            rows.append(f"M(controller) {np.mean(ctrl):.3f} - M({name}) {np.mean(other):.3f} = {d:+.3f} [{low:+.3f}, {high:+.3f}]")
-    return ["", "Beside H6 (reported, not decided): " + "; ".join(rows) + "."] if rows else []
+            rows.append(f"M(controller) {np.mean(ctrl):.3f} - M({label}) {np.mean(other):.3f} = {d:+.3f} [{low:+.3f}, {high:+.3f}]")
+    return ["", f"Beside {name} (reported, not decided): " + "; ".join(rows) + "."] if rows else []
+
+
+def falls_beside_h4(runs: Sequence[RunData], summaries: Sequence[RunSummary], hi: float = 2e-4) -> list[str]:
+    """H4's "reported beside it, not tested": the falls of the unbounded and synchronous cells at lr ``hi``
+    (:func:`fell_at`), with Fisher's exact test, one-sided (more falls unbounded), to say what three runs a cell
+    can tell."""
+    c = cells(summaries)
+    unb, sync = c.get((hi, "kinf"), []), c.get((hi, "k0"), [])
+    if len(unb) < 2 or len(sync) < 2:
+        return []
+    by_name = {r.name: r for r in runs}
+    fell = [sum(fell_at(by_name[s.name], SOKOBAN) is not None for s in members) for members in (unb, sync)]
+    p = scipy_stats.fisher_exact([[fell[0], len(unb) - fell[0]], [fell[1], len(sync) - fell[1]]],
+                                 alternative="greater").pvalue
+    return ["", f"Beside H4 (reported, not decided): falls at lr {_lr_name(hi)}, unbounded {fell[0]} of {len(unb)}, "
+            f"synchronous (k = 0) {fell[1]} of {len(sync)}; Fisher's exact test, one-sided (more falls unbounded): "
+            f"p = {p:.3f}."]
+
+
+def _lr_name(lr: float) -> str:
+    return f"{lr:.0e}".replace("e-0", "e-")
+
+
+def _aic(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Least squares of ``y`` on the columns ``x`` (an intercept added): RSS and AIC = n ln(RSS / n) + 2 (columns +
+    1), the report's convention (``stats.cost_models``)."""
+    design = np.column_stack([np.ones(y.size), x])
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    rss = float(np.sum((y - design @ coef) ** 2))
+    return rss, y.size * math.log(rss / y.size) + 2 * (design.shape[1] + 1) if rss > 0 else -math.inf
+
+
+def cost_shape(summaries: Sequence[RunSummary]) -> list[str]:
+    """Beside the verdicts, not deciding any: per task and actor lr with a synchronous cell and at least two stale
+    ones (bounds, then unbounded; two runs each, the controller not among them), the shape of the cost along the
+    realised mean age: the cost per version of age between neighbouring cells' means; AIC of three one-coefficient
+    models of M (a step: one constant cost of any staleness; a line in age; a line in log(1 + age)); and the step's
+    lack of fit against one mean per cell (an F test; the step is nested in it, the two lines are not)."""
+    lines = []
+    for task in FLOORS:
+        by_lr: dict[float, dict[str, list[RunSummary]]] = {}
+        for (lr, cell), members in cells(summaries, task=task).items():
+            if cell != "controller" and len(members) >= 2:
+                by_lr.setdefault(lr, {})[cell] = members
+        for lr, c in sorted(by_lr.items()):
+            names = sorted(c, key=_cell_order)
+            if len(names) < 3 or names[0] != "k0":
+                continue
+            members = [(name, s) for name in names for s in c[name]]
+            y = np.array([s.mean_val for _, s in members])
+            age = np.array([s.staleness_mean for _, s in members])
+            if not (np.isfinite(y).all() and np.isfinite(age).all()):
+                continue
+            means = {name: (float(np.mean([s.mean_val for s in c[name]])),
+                            float(np.mean([s.staleness_mean for s in c[name]]))) for name in names}
+            label = {name: "unbounded" if name == "kinf" else f"k = {name[1:]}" for name in names}
+            segments = ", ".join(
+                f"{(means[b][0] - means[a][0]) / (means[b][1] - means[a][1]):+.4f} from {label[a]} to {label[b]} "
+                f"(mean age {means[a][1]:.2f} to {means[b][1]:.2f})" for a, b in itertools.pairwise(names))
+            stale = np.array([float(name != "k0") for name, _ in members])
+            fits = {"log(1 + age)": _aic(np.log1p(age), y), "line": _aic(age, y), "step": _aic(stale, y)}
+            dummies = np.column_stack([[float(name == cell) for name, _ in members] for cell in names[1:]])
+            rss_cells, _ = _aic(dummies, y)
+            df1, df2 = len(names) - 2, y.size - len(names)
+            f = (fits["step"][0] - rss_cells) / df1 / (rss_cells / df2) if rss_cells > 0 and df2 > 0 else math.nan
+            lack = (f"p = {scipy_stats.f.sf(f, df1, df2):.3f} (F {f:.2f} on {df1} and {df2} degrees of freedom)"
+                    if math.isfinite(f) else "not measurable")
+            aics = ", ".join(f"{name} {fit[1]:.1f}" for name, fit in sorted(fits.items(), key=lambda kv: kv[1][1]))
+            lines.append(f"- {task} at actor lr {_lr_name(lr)} ({y.size} runs): per version of mean age {segments}; "
+                         f"AIC {aics}; the step's lack of fit against the cells' means {lack}.")
+    return lines
 
 
 def confirm_section(runs: Sequence[RunData], summaries: Sequence[RunSummary]) -> list[str]:
     """The report's section: each hypothesis, its statistic with its interval, one-sided p, and verdict."""
-    rows = [[v.name, v.claim, v.statistic, "—" if math.isnan(v.p) else f"{v.p:.3f}", v.verdict]
-            for v in verdicts(runs, summaries)]
+    rows = [[v.name, v.claim, v.statistic, "—" if math.isnan(v.p) else f"{v.p:.3f}",
+             "—" if math.isnan(v.p_holm) else f"{v.p_holm:.3f}", v.verdict] for v in verdicts(runs, summaries)]
     counts = "; ".join(f"{task}: " + ", ".join(f"{cell} at {lr:g}: {len(members)}" for (lr, cell), members in sorted(c.items()))
                        for task in FLOORS if (c := cells(summaries, task=task)))
     lines = ["## The confirmation's predictions (studies/confirm/PREDICTIONS.md)", "",
@@ -317,9 +424,22 @@ def confirm_section(runs: Sequence[RunData], summaries: Sequence[RunSummary]) ->
              f"p < {ALPHA} (H1-H5, F1, F2, C1, C2), or when the threshold rule holds (H6-H8, F0, F3, F4, C0, C3, C4). Pending: a cell has "
              "fewer than two finished runs; interim: one has fewer than three (the verdict can change). Falls by "
              "PREDICTIONS.md's rule, floor " + ", ".join(f"{f:g} on {t}" for t, f in FLOORS.items()) + ", whatever "
-             "`--collapse-floor` says.", ""]
-    lines += table(["", "prediction", "statistic [95 % interval]", "p", "verdict"], rows)
+             "`--collapse-floor` says. Holm p: p adjusted by Holm's step-down within the task's predictions that have "
+             "a p (H1-H5; F1, F2; C1, C2), shown beside: PREDICTIONS.md registers no correction for multiplicity, so "
+             "the verdicts use p.", ""]
+    lines += table(["", "prediction", "statistic [95 % interval]", "p", "Holm p", "verdict"], rows)
+    lines += falls_beside_h4(runs, summaries)
     lines += beside_the_controller(summaries)
+    for task, (x, _) in SECOND_TASKS.items():
+        lines += beside_the_controller(summaries, 1e-4, task, f"{x}3", (("kinf", "unbounded"), ("k4", "k = 4")))
+    shape = cost_shape(summaries)
+    if shape:
+        lines += ["", "The shape of the cost along age (reported beside H1-H3, F1-F2, C1-C2, not decided): M of the "
+                  "synchronous and stale cells without the controller. Per version: the difference of neighbouring "
+                  "cells' mean M over that of their mean ages. AIC = n ln(RSS / n) + 2 (coefficients + 1), lower is "
+                  "better, of M = a + b x with x the step (1 at any staleness, k ≥ 1), the mean age, or log(1 + mean "
+                  "age). Lack of fit: the step against one mean per cell (F test); a small p says the stale cells "
+                  "differ beyond one constant cost.", "", *shape]
     falls = leads(runs, summaries)
     if falls:
         lines += ["", "Falls of unbounded and controller runs (Sokoban at lr 2e-4, the second tasks at 1e-4) and the stale ESS "

@@ -99,6 +99,9 @@ class RunSummary:
     the tokens the run trained on (from ``lag/{s}/tokens``)."""
     cell: dict[str, str] = field(default_factory=dict)
     """The run's settings other than its seed (flattened config): runs with equal cells are seeds of one cell."""
+    drops: dict[str, float] = field(default_factory=dict)
+    """What the bound threw away and what it cost (:func:`ragen_async.study.report.drops.attach`: share dropped,
+    versions past the bound, generated and consumed groups/s, dropped vs consumed groups); empty without data."""
 
     @property
     def cell_key(self) -> str:

@@ -115,6 +115,7 @@ def csv_rows(summaries: Sequence[RunSummary]) -> list[dict[str, Any]]:
             **{f"lead_{sig}": s.lead.get(sig) for sig in SIGNALS},
             **{f"false_alarms_{sig}": s.false_alarms.get(sig) for sig in SIGNALS},
             **{f"tokens_lag_{b}": v for b, v in s.lag_shares.items()},
+            **s.drops,
         }
         for env, v in s.val.items():
             row[f"val_{env}_first"], row[f"val_{env}_final"], row[f"val_{env}_best"] = v.first, v.final, v.best
