@@ -543,7 +543,7 @@ def learner_path_checks(steps: list[dict[str, Any]], cfg: Any) -> list[tuple[str
     ok, micro = every("learner/micro_batches", lambda v: v > 1)  # a mean over the step's optimizer steps
     ok_pad, padded = every("learner/padded_micro_batches", lambda v: True)
     padded_any = ok_pad and any(r["learner/padded_micro_batches"] > 0 for r in steps)
-    out.append(("several micro-batches in an optimizer step, the padded path taken", ok and padded_any,
+    out.append(("several micro-batches in an optimizer step and the padded path", ok and padded_any,
                 f"micro-batches per optimizer step {micro} (mean), padded ones {padded} (all ranks)"))
     ok, n_opt = every("learner/optimizer_steps", lambda v: v >= 2)
     out.append(("two optimizer steps per learner step (PPO ratio off 1)", ok, f"optimizer steps {n_opt}"))
