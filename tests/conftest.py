@@ -68,19 +68,17 @@ def pytest_xdist_make_scheduler(config, log):
     return LaneScheduling(config, log)
 
 
-@pytest.fixture(scope="session")
-def random_tiny_qwen2(tmp_path_factory) -> str:
-    """Path of a random Qwen2ForCausalLM: hidden 64, 2 heads of 32 (vLLM's CPU attention needs head
-    size >= 32), 1 KV head, 2 layers, intermediate 128, vocab 512, float32, untied embeddings."""
+def save_random_qwen2(path, *, tied: bool, seed: int) -> str:
+    """Save a random Qwen2ForCausalLM to ``path``: hidden 64, 2 heads of 32 (vLLM's CPU attention needs head size
+    >= 32), 1 KV head, 2 layers, intermediate 128, vocab 512, float32, the head ``tied`` to the embedding or not."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    path = tmp_path_factory.mktemp("random_tiny_qwen2")
     config = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
-                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                         tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2,
                          dtype="float32")
-    torch.manual_seed(1234)
+    torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(torch.float32).eval()
     # The default init (std 0.02) gives near-uniform next-token distributions; widen it so the
     # log-probs of sampled tokens vary and agreement tests are meaningful.
@@ -90,6 +88,18 @@ def random_tiny_qwen2(tmp_path_factory) -> str:
                 p.normal_(0.0, 0.2)
     model.save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def random_tiny_qwen2(tmp_path_factory) -> str:
+    """Path of a random Qwen2 (:func:`save_random_qwen2`), untied embeddings."""
+    return save_random_qwen2(tmp_path_factory.mktemp("random_tiny_qwen2"), tied=False, seed=1234)
+
+
+@pytest.fixture(scope="session")
+def random_tied_qwen2(tmp_path_factory) -> str:
+    """Path of a random Qwen2 (:func:`save_random_qwen2`) whose head is tied to the embedding, as Qwen2.5-0.5B's."""
+    return save_random_qwen2(tmp_path_factory.mktemp("random_tied_qwen2"), tied=True, seed=99)
 
 
 @pytest.fixture(scope="session")

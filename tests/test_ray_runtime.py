@@ -335,7 +335,7 @@ def test_adaptive_staleness_tightens_the_real_gate_of_an_fsdp_pool_and_the_new_b
         load the rollout once fell behind the learner and k = 2 was never used before the move)."""
         buffer = make_buffer(cfg)
         ready = buffer.ready
-        buffer.ready = lambda version=None: ready(version) and (version != 0 or len(buffer) >= 12)
+        buffer.ready = lambda version=None, now=None: ready(version, now) and (version != 0 or len(buffer) >= 12)
         return buffer
 
     make_buffer = orchestrator.make_buffer

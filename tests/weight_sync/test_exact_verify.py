@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM
 
 from ragen_async.weight_sync.probe import check_probe
 from ragen_async.weight_sync.verify import (
@@ -85,23 +85,6 @@ def test_the_hf_engine_reports_what_its_forward_reads(random_tiny_qwen2):
 
 
 # ---- a real vLLM engine in bf16 with planted faults --------------------------------------------------
-@pytest.fixture(scope="module")
-def tied_qwen2(tmp_path_factory) -> str:
-    """A random Qwen2 with a tied head (as Qwen2.5-0.5B), saved in float32 (the learner's masters)."""
-    path = tmp_path_factory.mktemp("tied_qwen2")
-    config = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
-                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, dtype="float32")
-    torch.manual_seed(99)
-    model = Qwen2ForCausalLM(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.2)
-    model.save_pretrained(path)
-    return str(path)
-
-
 def _step(masters: dict[str, torch.Tensor], seed: int, lr: float = 1e-6) -> dict[str, torch.Tensor]:
     """AdamW's first step is about -lr * sign(g): fp32 masters moved so, as the learner would."""
     g = torch.Generator().manual_seed(seed)
@@ -122,10 +105,10 @@ def _learner_logprobs(path, weights):
 
 
 @pytest.mark.vllm
-def test_planted_sync_faults_pass_the_probe_and_are_caught_byte_for_byte(tied_qwen2, request):
-    h = get_harness(tied_qwen2, request, dtype="bfloat16", max_logprobs=20,
+def test_planted_sync_faults_pass_the_probe_and_are_caught_byte_for_byte(random_tied_qwen2, request):
+    h = get_harness(random_tied_qwen2, request, dtype="bfloat16", max_logprobs=20,
                     engine_kwargs={"worker_extension_cls": "served_plants.PlantedExtension"})
-    masters = {n: t.float() for n, t in AutoModelForCausalLM.from_pretrained(tied_qwen2).state_dict().items()
+    masters = {n: t.float() for n, t in AutoModelForCausalLM.from_pretrained(random_tied_qwen2).state_dict().items()
                if n != "lm_head.weight"}  # the tied head is published as the embedding
 
     def served():
@@ -144,7 +127,7 @@ def test_planted_sync_faults_pass_the_probe_and_are_caught_byte_for_byte(tied_qw
     plant(f"skip:{skipped}")
     h.restore(_bf16(v1), version=1)
     engine_lp = h.run(h.engine.prompt_logprobs(SEQ))
-    check_probe(_learner_logprobs(tied_qwen2, _bf16(v1)), [engine_lp], version=1, dtype="bfloat16")  # passes
+    check_probe(_learner_logprobs(random_tied_qwen2, _bf16(v1)), [engine_lp], version=1, dtype="bfloat16")  # passes
     with pytest.raises(WeightSyncMismatch) as info:
         _check(_bf16(v1).items(), served(), version=1)
     assert f"engine 0: 1 tensor(s) differ: {skipped}: its bfloat16 values differ" in str(info.value)
@@ -155,7 +138,7 @@ def test_planted_sync_faults_pass_the_probe_and_are_caught_byte_for_byte(tied_qw
     v2 = _step(v1, seed=2)
     h.restore(_bf16(v2), version=2)
     engine_lp = h.run(h.engine.prompt_logprobs(SEQ))
-    check_probe(_learner_logprobs(tied_qwen2, _bf16(v2)), [engine_lp], version=2, dtype="bfloat16")  # passes
+    check_probe(_learner_logprobs(random_tied_qwen2, _bf16(v2)), [engine_lp], version=2, dtype="bfloat16")  # passes
     with pytest.raises(WeightSyncMismatch) as info:
         _check(_bf16(v2).items(), served(), version=2)
     assert "model.embed_tokens.weight (as read by lm_head)" in str(info.value)
