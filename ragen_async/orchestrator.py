@@ -477,7 +477,8 @@ class Trainer:
         self.start_step, self.syncs = int(state["step"]), int(state["syncs"])
         self.completed = self.saved_step = self.start_step
         await self.runtime.admission.restore(state["admission"])
-        self.buffer.restore(int(state["admission"]["next_index"]), state["admission"]["outstanding"])
+        if self.buffer.consume == "in_order":  # the head of the line: the lowest index not yet resolved
+            self.buffer.restore(int(state["admission"]["next_index"]), state["admission"]["outstanding"])
         if "early_warning" in state:
             self.warnings.restore(state["early_warning"])
         if "budget" in state:  # (older checkpoints lack these: keep their defaults)

@@ -114,6 +114,8 @@ def test_train_step_advances_version_and_reports_metrics(tiny_model_path):
     # 16 trajectories, mini-batch 8 -> two optimizer steps, but one learner step -> version 1 (the
     # version unit is the learner step: admission and fixed-lag count in it)
     assert metrics["learner/optimizer_steps"] == 2
+    assert metrics["learner/compute_bits"] == 32.0  # float32: what the actor's matmuls produced
+    assert metrics["learner/micro_batches"] >= 1 and metrics["learner/padded_micro_batches"] == 0  # one rank
     assert learner.policy_version == result.version == 1
     for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl",
                 "critic/vf_loss", "mismatch/k3_kl"):
@@ -150,7 +152,8 @@ def test_seq_mean_token_mean_does_not_count_a_row_without_trained_tokens(tiny_mo
 
     from ragen_async.protocol import NO_VERSION
 
-    cfg = make_cfg(tiny_model_path, "algo.loss_agg_mode=seq-mean-token-mean", "learner.mini_batch_size=64")
+    cfg = make_cfg(tiny_model_path, "algo.loss_agg_mode=seq-mean-token-mean", "learner.mini_batch_size=64",
+                   "algo.adv_estimator=grpo")  # the actor's loss is enough (no critic: half the time)
     shard = make_shard(tiny_model_path, cfg)[0]
     first = shard.trajectories[0]
     empty = dataclasses.replace(first, traj_id=f"{first.traj_id}-untrained", loss_mask=np.zeros_like(first.loss_mask),
@@ -161,7 +164,7 @@ def test_seq_mean_token_mean_does_not_count_a_row_without_trained_tokens(tiny_mo
                                      normalized_scores=np.append(shard.normalized_scores, np.float32(0)))
     expected = Learner(cfg).train_step(shard).metrics
     got = Learner(cfg).train_step(with_empty).metrics
-    for key in ("actor/pg_loss", "actor/entropy", "critic/vf_loss", "actor/grad_norm", "critic/grad_norm"):
+    for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):
         assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-8), key
 
 
