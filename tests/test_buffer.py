@@ -294,6 +294,29 @@ def test_metrics():
 # Admission controller + buffer, with groups finishing out of order
 
 
+def advance_slots(slots: list[dict | None], ctrl, buf, rng, engine_version: int, learner_version: int,
+                  tick: int) -> None:
+    """One tick of simulated rollout slots: a free slot takes a group the controller admits (1-3 turns); a
+    slot whose turn ends plays its next turn at ``engine_version`` or, after its last, adds the group to
+    ``buf``. Slot 0 is pathologically slow (turns of up to 60 ticks, the others up to 6), so its groups are
+    overtaken by younger ones."""
+    for s, slot in enumerate(slots):
+        if slot is None:
+            if (index := ctrl.try_admit()) is None:
+                continue
+            slot = slots[s] = {"index": index, "versions": [], "left": 0, "turns": int(rng.integers(1, 4))}
+        if slot["left"] == 0:
+            if len(slot["versions"]) == slot["turns"]:
+                gid = format_group_id(slot["index"])
+                trajs = tuple(make_traj(gid, i, slot["versions"], float(rng.normal())) for i in range(2))
+                buf.add(TrajectoryGroup(gid, slot["index"], "e", 0, trajs), learner_version, now=float(tick))
+                slots[s] = None
+                continue
+            slot["versions"].append(engine_version)
+            slot["left"] = int(rng.integers(1, 60 if s == 0 else 6))
+        slot["left"] -= 1
+
+
 @pytest.mark.parametrize("k", [0, 1, 2])
 def test_admission_and_buffer_bound_staleness_with_random_speeds(k):
     """Slow groups can finish after younger ones and be passed over; the buffer's check drops them when
@@ -310,24 +333,7 @@ def test_admission_and_buffer_bound_staleness_with_random_speeds(k):
         if publish_at is not None and tick >= publish_at:
             engine_version, publish_at = learner_version, None
             ctrl.set_published_version(engine_version)
-        for s in range(num_slots):
-            slot = slots[s]
-            if slot is None:
-                index = ctrl.try_admit()
-                if index is None:
-                    continue
-                slot = slots[s] = {"index": index, "versions": [], "left": 0, "turns": int(rng.integers(1, 4))}
-            if slot["left"] == 0:
-                if len(slot["versions"]) == slot["turns"]:
-                    gid = format_group_id(slot["index"])
-                    trajs = tuple(make_traj(gid, i, slot["versions"], float(rng.normal())) for i in range(2))
-                    buf.add(TrajectoryGroup(gid, slot["index"], "e", 0, trajs), learner_version, now=float(tick))
-                    slots[s] = None
-                    continue
-                slot["versions"].append(engine_version)
-                # Slot 0 is pathologically slow, so its groups are overtaken and go stale.
-                slot["left"] = int(rng.integers(1, 60 if s == 0 else 6))
-            slot["left"] -= 1
+        advance_slots(slots, ctrl, buf, rng, engine_version, learner_version, tick)
         ctrl.on_dropped([d.index for d in buf.drain_drops()])
 
         if learner_done_at is not None and tick >= learner_done_at:

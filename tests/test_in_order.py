@@ -251,9 +251,8 @@ def _tick_run(k: int, tighten_to: int | None = None, at_version: int = 8, steps:
     the drops, the consumed indices per step, each consumed group's staleness against the bound in force, and
     the first index admitted under the tightened bound."""
     from ragen_async.buffer import TrajectoryBuffer
-    from ragen_async.protocol import TrajectoryGroup
-    from ragen_async.staleness import AdmissionController, format_group_id
-    from tests.test_buffer import make_traj
+    from ragen_async.staleness import AdmissionController
+    from tests.test_buffer import advance_slots
 
     rng = np.random.default_rng(seed)
     ctrl = AdmissionController(k, 2)
@@ -264,22 +263,7 @@ def _tick_run(k: int, tighten_to: int | None = None, at_version: int = 8, steps:
         if publish_at is not None and tick >= publish_at:
             engine, publish_at = learner, None
             ctrl.set_published_version(engine)
-        for s in range(6):
-            slot = slots[s]
-            if slot is None:
-                if (index := ctrl.try_admit()) is None:
-                    continue
-                slot = slots[s] = {"index": index, "versions": [], "left": 0, "turns": int(rng.integers(1, 4))}
-            if slot["left"] == 0:
-                if len(slot["versions"]) == slot["turns"]:
-                    gid = format_group_id(slot["index"])
-                    trajs = tuple(make_traj(gid, i, slot["versions"], float(rng.normal())) for i in range(2))
-                    buf.add(TrajectoryGroup(gid, slot["index"], "e", 0, trajs), learner, now=float(tick))
-                    slots[s] = None
-                    continue
-                slot["versions"].append(engine)
-                slot["left"] = int(rng.integers(1, 60 if s == 0 else 6))
-            slot["left"] -= 1
+        advance_slots(slots, ctrl, buf, rng, engine, learner, tick)
         if done_at is not None and tick >= done_at:
             learner, done_at = learner + 1, None
             publish_at = tick + int(rng.integers(0, 4))
