@@ -62,8 +62,11 @@ paper-shape: model
 # Everything that guards correctness (real Ray, vLLM, SLURM, Ray jobs, hostile traffic, kills); soak runs are opt-in.
 # Two workers: the tests that start clusters and engines run in two lanes beside each other, everything else where a
 # worker is free; then the tests with few-second timeouts, with nothing beside them (tests/conftest.py: LANES, ALONE_MODULES).
+# One OpenMP thread a process beside the other lane (engines and learner ranks that set their own threads keep them):
+# with torch's default of one thread per core, two workers' processes spun against each other on 2 cores (the lanes
+# 740 -> 613 s, docs/benchmarks.md).
 test: model
-	WANDB_MODE=disabled $(PY) -m pytest -q -x -n 2 -m "not soak and not alone" --durations=20
+	OMP_NUM_THREADS=1 WANDB_MODE=disabled $(PY) -m pytest -q -x -n 2 -m "not soak and not alone" --durations=20
 	WANDB_MODE=disabled $(PY) -m pytest -q -x -m "alone and not soak"
 
 # The inner loop (463 tests, about a minute on 2 cores): the StarPO-S math, envs, episodes, codec and transport,

@@ -234,10 +234,11 @@ class StalenessConfig(_Strict):
     adaptive_signals: list[str] = Field(default_factory=lambda: ["reward_std", "entropy", "grad_norm"])
     """The early-warning signals that halve the adaptive bound (``collapse.SIGNALS``; RAGEN's three by
     default, the staleness-specific ``stale_kl`` and ``stale_ess`` on request)."""
-    consume: Literal["arrival", "in_order"] = "arrival"
-    """Which groups a batch takes: ``arrival`` = the lowest-index groups that have arrived (a slow group is
-    overtaken and may be dropped as stale); ``in_order`` = the lowest outstanding admitted indices, waited
-    for, so under a fixed bound nothing is dropped (docs/architecture.md)."""
+    consume: Literal["arrival", "in_order"] = "in_order"
+    """Which groups a batch takes: ``in_order`` = the lowest outstanding admitted indices, waited for, so under
+    a fixed bound nothing is dropped; ``arrival`` = the lowest-index groups that have arrived (a slow group is
+    overtaken and may be dropped as stale). A saved run without the key consumed in arrival order
+    (:data:`SAVED_RUN_DEFAULTS`; docs/architecture.md, "Consumption order")."""
 
     @model_validator(mode="after")
     def _consistent_bound(self) -> StalenessConfig:
@@ -420,6 +421,31 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> Any:
     for parent in parents:
         merged = OmegaConf.merge(merged, _read_yaml(p.parent / parent, (*seen, p)))
     return OmegaConf.merge(merged, OmegaConf.create(loaded))
+
+
+SAVED_RUN_DEFAULTS = {"staleness": {"consume": "arrival"}}
+"""What a run's saved ``config.yaml`` meant where it lacks a key whose default changed since: runs saved before
+``staleness.consume`` existed consumed in arrival order."""
+
+
+def saved_run_config(path: str | Path) -> dict[str, Any]:
+    """A run directory's ``config.yaml`` as a mapping, with :data:`SAVED_RUN_DEFAULTS` filled in where it lacks
+    them (a run is read as it ran, not as today's defaults would run it)."""
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: not a mapping")
+    for section, keys in SAVED_RUN_DEFAULTS.items():
+        part = data.setdefault(section, {}) or {}
+        data[section] = {**keys, **part}
+    return data
+
+
+def load_saved_config(path: str | Path) -> RunConfig:
+    """A run directory's ``config.yaml`` as the :class:`RunConfig` it ran with (:func:`saved_run_config`)."""
+    try:
+        return RunConfig.model_validate(saved_run_config(path))
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e)) from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:

@@ -41,7 +41,7 @@ from ragen_async import reaper
 from ragen_async.budget import TrainingBudget
 from ragen_async.buffer import Batch, TrajectoryBuffer
 from ragen_async.collapse import SIGNALS, CollapseWatch, EarlyWarning, stale_tokens
-from ragen_async.config import RunConfig, load_config
+from ragen_async.config import RunConfig, load_saved_config
 from ragen_async.engine_pool import EnginePool
 from ragen_async.logfiles import keep_traceback, log_dir, loggers_to, one_line, output_to
 from ragen_async.metrics import ConsoleSink, JsonlSink, MetricsSink, MultiSink, WandbSink, resolve_wandb_mode
@@ -508,7 +508,7 @@ def train(cfg: RunConfig | None = None, *, resume: Path | None = None, runtime: 
         run_dir = RunDir(Path(resume))
         if not run_dir.config_path.is_file():
             raise FileNotFoundError(f"{resume} is not a run directory (no config.yaml)")
-        cfg = load_config(run_dir.config_path)
+        cfg = load_saved_config(run_dir.config_path)
         given: tuple[str | Path, str] = (resume, "--resume")
         _refuse_relative_on_multi_node(cfg, given)
         checkpoint = run_dir.latest_checkpoint()

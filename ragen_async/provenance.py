@@ -284,7 +284,7 @@ def audit_run_dir(path: Path) -> RunAudit:
     import yaml
     from pydantic import ValidationError
 
-    from ragen_async.config import StalenessConfig
+    from ragen_async.config import ConfigError, StalenessConfig, saved_run_config
     from ragen_async.rundir import DRIVER_STATE, RunDir
 
     rd = RunDir(path)
@@ -294,8 +294,8 @@ def audit_run_dir(path: Path) -> RunAudit:
     if not rd.config_path.is_file():
         raise CannotAudit(f"{path} has no config.yaml: the staleness bound to audit against is unknown")
     try:
-        s = StalenessConfig.model_validate((yaml.safe_load(rd.config_path.read_text()) or {}).get("staleness") or {})
-    except (yaml.YAMLError, ValidationError, AttributeError) as e:
+        s = StalenessConfig.model_validate(saved_run_config(rd.config_path)["staleness"])
+    except (yaml.YAMLError, ValidationError, ConfigError) as e:
         raise CannotAudit(f"{rd.config_path}: cannot read its staleness settings: {e}") from e
     state = json.loads((checkpoint / DRIVER_STATE).read_text())
     step = int(state["step"])

@@ -16,11 +16,11 @@ import pytest
 # Then, with nothing beside them, the `alone` modules: they give processes and threads a few seconds at most
 # (weight-group joins, transport and admission timeouts; a gloo join timed out at 3 s beside the engines once).
 LANES = {
-    "ray": frozenset({"test_ray_runtime.py", "test_driver_kill.py", "test_simcluster.py", "test_rllib_ref.py",
-                      "test_soak.py", "test_gpu_run.py"}),
+    "ray": frozenset({"test_ray_runtime.py", "test_driver_kill.py", "test_rllib_ref.py", "test_soak.py",
+                      "test_gpu_run.py"}),
     "clusters": frozenset({"test_slurm_real.py", "test_ray_job_real.py", "test_vllm_engine.py",
                            "test_orchestrator_local.py", "test_device_check.py", "test_experiments_scripts.py",
-                           "test_exact_verify.py"}),
+                           "test_exact_verify.py", "test_simcluster.py"}),
 }
 ALONE_MODULES = frozenset({
     "test_gloo.py", "test_gloo_faults.py", "test_gloo_vllm.py", "test_nccl.py", "test_nccl_faults.py",

@@ -82,3 +82,21 @@ def test_tensor_parallel_engines_need_a_gpu_per_worker():
     load_config(None, ["rollout.gpus_per_worker=2", "inference.tensor_parallel_size=2"])
     load_config(None, ["rollout.gpus_per_worker=0.5"])  # one worker: a share of a GPU is enough
     load_config(None, ["inference.tensor_parallel_size=2"])  # CPU engines: no GPUs to count
+
+
+def test_runs_consume_in_order_by_default_and_a_run_saved_without_the_key_reads_as_arrival(tmp_path):
+    import yaml
+
+    from ragen_async.config import load_saved_config
+
+    assert RunConfig().staleness.consume == "in_order"
+    data = yaml.safe_load(dump_config(RunConfig()))
+    del data["staleness"]["consume"]  # a run saved before staleness.consume existed
+    old = tmp_path / "old" / "config.yaml"
+    old.parent.mkdir()
+    old.write_text(yaml.safe_dump(data))
+    assert load_saved_config(old).staleness.consume == "arrival"
+    new = tmp_path / "new" / "config.yaml"
+    new.parent.mkdir()
+    new.write_text(dump_config(RunConfig()))
+    assert load_saved_config(new).staleness.consume == "in_order"

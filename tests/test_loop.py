@@ -125,11 +125,12 @@ class SimRuntime(Runtime):
         pass
 
 
-def sim_cfg(tmp_path, k, steps=40, B=4):
+def sim_cfg(tmp_path, k, steps=40, B=4, consume="arrival"):
+    """Arrival order by default: the drop tests here are about the groups it overtakes and drops."""
     return load_config(None, [f"run_root={tmp_path}", "runtime=ray", f"total_steps={steps}", "validation.every=0",
                               f"staleness.max_staleness={'null' if k is None else k}", "algo.filter_mode=none",
                               f"rollout.envs=[{{tag: Bandit, n_groups: {B}}}]", "rollout.group_size=2",
-                              "learner.num_ranks=1", "logging.console=false"])
+                              "learner.num_ranks=1", "logging.console=false", f"staleness.consume={consume}"])
 
 
 @pytest.mark.parametrize("k", [0, 1, 2, None])

@@ -164,11 +164,15 @@ def test_staleness_bound_is_exercised_and_exact_across_a_resume(tiny_model_path,
     base = ray_cfg(tiny_model_path, tmp_path).rollout.seed
     assert all(g["seed"] == base + int(g["group_id"][1:]) for g in groups)
     after = {int(g["group_id"][1:]) for p in provenance[3:] for g in p["groups"]}
-    # The outstanding groups were replayed: consumed after the resume, or received and dropped with a
-    # reason (a replayed group that arrives late is as stale as any other; seen once in CI).
+    # The outstanding groups were replayed: consumed after the resume, received and dropped with a reason (a
+    # replayed group that arrives late is as stale as any other), or still in flight when the run stopped
+    # (outstanding again in the final checkpoint; both seen in CI). None is lost, and replay happened: the
+    # replayed indices go out first, so some of them are resolved within the resumed run's 12 groups.
     dropped_after = {d["index"] for p in provenance[3:] for d in p["dropped"]}
-    assert min(saved["admission"]["outstanding"]) in after | dropped_after
     final = json.loads((run_dir.checkpoints / "step_000006" / "driver_state.json").read_text())
+    replayed = set(saved["admission"]["outstanding"])
+    assert replayed <= after | dropped_after | set(final["admission"]["outstanding"])
+    assert replayed & (after | dropped_after)
     accounting = audit(provenance, final["admission"], 6)  # what `ragen-async audit` checks
     assert accounting["consumed"] == 24 and not accounting["duplicates"] and not accounting["unexplained"]
     # The time budget continues where the checkpoint left it (a requeued run does not get it again), and
