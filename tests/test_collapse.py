@@ -57,7 +57,7 @@ def test_a_resumed_watch_remembers_the_peak_and_the_validations_below_it():
 
 class FakeAdmission:
     async def state(self):
-        return {"outstanding": [], "refusals": 0}
+        return {"next_index": 0, "outstanding": [], "refusals": 0}
 
     async def restore(self, state):
         self.restored = state
