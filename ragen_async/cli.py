@@ -696,6 +696,9 @@ def report(
     confirm: Annotated[bool, typer.Option(
         "--confirm", help="add the confirmation's verdicts (studies/confirm/PREDICTIONS.md: H1-H8 on Sokoban, F0-F4 "
         "on FrozenLake, C0-C4 on Countdown, each held, failed, pending or not run) and its figure beside the study's cells")] = False,
+    registered: Annotated[Path | None, typer.Option(
+        "--registered", help="a predictions spec (YAML; ragen_async/study/report/registered.py): decide each of its "
+        "predictions on the runs, by its rule")] = None,
 ) -> None:
     """Write report.md, summary.csv and staleness/stability plots for runs or sweeps."""
     from ragen_async.bench.pipeline import parse_k
@@ -720,7 +723,8 @@ def report(
     target = out if out is not None else (paths[0] / "report" if len(paths) == 1 else Path("report"))
     try:
         result = write_report(paths, target, threshold=threshold, smooth=smooth, baselines=baselines,
-                              collapse_floor=collapse_floor, throughput=rates, references=references, confirm=confirm)
+                              collapse_floor=collapse_floor, throughput=rates, references=references, confirm=confirm,
+                              registered=registered)
     except ReportError as e:
         _fail(str(e))
     for warning in result.warnings:

@@ -137,6 +137,18 @@ def interval(values: Sequence[float]) -> tuple[float, float, int]:
     return float(x.mean()), t95(n) * float(stats.sem(x)), n
 
 
+def holm(ps: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of the p-values ``ps`` (one family): sorted ascending, the i-th smallest
+    (i = 0, 1, ...) times m - i, kept non-decreasing along the order and capped at 1, where m counts the finite
+    ones. A NaN (a prediction decided by a threshold, or not decided) stays NaN and does not count in m."""
+    finite = sorted((p, i) for i, p in enumerate(ps) if math.isfinite(p))
+    out, running = [math.nan] * len(ps), 0.0
+    for rank, (p, i) in enumerate(finite):
+        running = max(running, min(1.0, (len(finite) - rank) * p))
+        out[i] = running
+    return out
+
+
 UNIT = (0.0, 1.0)
 """The range of a success rate."""
 POSITIVE = (0.0, math.inf)

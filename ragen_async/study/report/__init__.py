@@ -48,6 +48,7 @@ from pathlib import Path
 from ragen_async.study.report import drops, headline, tables
 from ragen_async.study.report.confirm import confirm_section, plot_confirmation
 from ragen_async.study.report.figures import plot_cells, plot_curves, plot_lag_sensitivity, plot_staleness_summary
+from ragen_async.study.report.registered import SpecError, load_spec, registered_section
 from ragen_async.study.report.runs import (
     MISSING,
     REFERENCE_COLUMNS,
@@ -79,14 +80,22 @@ class Report:
 def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: float = 0.9,
                  smooth: int = 1, title: str | None = None, baselines: dict[str, float] | None = None,
                  collapse_floor: float = 0.0, throughput: dict[int | None, float] | None = None,
-                 references: dict[str, str | Path] | None = None, confirm: bool = False) -> Report:
+                 references: dict[str, str | Path] | None = None, confirm: bool = False,
+                 registered: str | Path | None = None) -> Report:
     """Read every run under ``paths`` and write ``report.md``, ``summary.csv`` and the plots into ``out``;
     ``baselines`` (name -> validation success, e.g. the random and oracle policies) are drawn as lines
     on every validation-success plot; ``collapse_floor`` is the success a fall is measured towards
     (:mod:`ragen_async.collapse`; the random policy's, for a run that starts well above 0);
     ``throughput`` (k, ``None`` = unbounded -> groups/s measured by ``bench pipeline``) adds the
     equal-time table; ``references`` (name -> cells CSV, :func:`read_reference`) adds the figure of success
-    against measured lag beside them; ``confirm`` adds the confirmation's verdicts (:mod:`.confirm`)."""
+    against measured lag beside them; ``confirm`` adds the confirmation's verdicts (:mod:`.confirm`);
+    ``registered`` (a predictions spec) each of its predictions decided on the runs (:mod:`.registered`)."""
+    spec = None
+    if registered is not None:
+        try:
+            spec = load_spec(registered)
+        except SpecError as e:
+            raise ReportError(str(e)) from None
     reference_frames = {name: read_reference(path) for name, path in (references or {}).items()}
     runs, warnings = find_runs(paths)
     if not runs:
@@ -132,6 +141,8 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
     lines += headline.speed_section(summaries, throughput or {})
     if confirm:
         lines += confirm_section(runs, summaries)
+    if spec is not None:
+        lines += [*registered_section(spec, runs, summaries), ""]
     if plots:
         lines += ["## Curves", ""]
         lines += [f"![{p.stem}]({p.name})" for p in plots if p.name.startswith("curves_")]

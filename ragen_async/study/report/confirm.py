@@ -71,16 +71,8 @@ class Verdict:
     (NaN where ``p`` is)."""
 
 
-def holm(ps: Sequence[float]) -> list[float]:
-    """Holm's step-down adjustment of the p-values ``ps`` (one family): sorted ascending, the i-th smallest
-    (i = 0, 1, ...) times m - i, kept non-decreasing along the order and capped at 1, where m counts the finite
-    ones. A NaN (a prediction decided by a threshold, or not decided) stays NaN and does not count in m."""
-    finite = sorted((p, i) for i, p in enumerate(ps) if math.isfinite(p))
-    out, running = [math.nan] * len(ps), 0.0
-    for rank, (p, i) in enumerate(finite):
-        running = max(running, min(1.0, (len(finite) - rank) * p))
-        out[i] = running
-    return out
+holm = stats.holm
+"""Holm's step-down adjustment (:func:`ragen_async.study.stats.holm`)."""
 
 
 def with_holm(vs: Sequence[Verdict]) -> list[Verdict]:

@@ -1,0 +1,253 @@
+"""Registered predictions as data: a spec file (YAML) names each prediction's statistic over cells of runs, and this
+module decides them on the runs a report reads, by the spec's rule. No study's constants live here.
+
+A spec (``studies/newlevels/predictions.yaml`` is one)::
+
+    name: New levels                  # the section of PREDICTIONS.md the spec transcribes
+    seeds: [6, 7, 8]                  # the runs' sampling seeds; other runs are not read
+    alpha: 0.05
+    decide_on: holm                   # holm: the Holm-adjusted p within each family decides; raw: the p itself
+    families:
+      - name: Sokoban
+        task: SimpleSokoban           # the validation environment that tells a family's runs apart
+        floor: 0.180                  # the fall rule's floor (collapse.find_collapse), for the falls per cell
+        predictions:
+          - {name: N1, claim: "...", slope: ["1e-4/k0", "1e-4/k2", "1e-4/kinf"]}   # M on Age, negative
+          - {name: N2, claim: "...", welch: ["1e-4/k0", "1e-4/k2"]}               # M(first) - M(second) > 0
+          - {name: N5, claim: "...", gap_of_gaps: [["2e-4/k0", "2e-4/kinf"], ["1e-4/k0", "1e-4/kinf"]]}
+
+A cell is ``<actor lr>/<k0 | k<n> | kinf>``: the finished runs of the family's task at that actor learning rate and
+bound (no correction, no adaptive bound), among the spec's seeds. M is a run's mean validation success after step 0
+(``RunSummary.mean_val``), Age its realised mean age (``staleness_mean``). A prediction whose cells hold fewer than
+two runs each is ``pending``; one decided while a cell holds fewer runs than the spec has seeds is ``held (interim)``
+or ``failed (interim)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from scipy import stats as scipy_stats
+
+from ragen_async.collapse import find_collapse
+from ragen_async.study import stats
+from ragen_async.study.report.runs import RunData
+from ragen_async.study.report.summary import RunSummary
+from ragen_async.study.report.tables import table
+
+KINDS = ("slope", "welch", "gap_of_gaps")
+"""The statistics a prediction may name (module docstring)."""
+
+
+class SpecError(ValueError):
+    """A predictions spec that cannot be read as one (what is wrong, and where)."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    name: str
+    claim: str
+    kind: str
+    cells: tuple[Any, ...]
+    """``slope``: cell names; ``welch``: (greater, than); ``gap_of_gaps``: ((a, b), (c, d)) for (a - b) - (c - d)."""
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    task: str
+    floor: float
+    predictions: tuple[Prediction, ...]
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    seeds: tuple[int, ...]
+    alpha: float
+    decide_on: str
+    families: tuple[Family, ...]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    name: str
+    claim: str
+    statistic: str
+    p: float
+    p_holm: float
+    verdict: str
+
+
+def _cell_names(kind: str, value: Any, where: str) -> tuple[Any, ...]:
+    def name(cell: Any) -> str:
+        if not isinstance(cell, str) or "/" not in cell:
+            raise SpecError(f"{where}: a cell is '<actor lr>/<k0|k<n>|kinf>', got {cell!r}")
+        lr, k = cell.split("/", 1)
+        try:
+            float(lr)
+        except ValueError:
+            raise SpecError(f"{where}: {cell!r}: {lr!r} is not a learning rate") from None
+        if k != "kinf" and not (k.startswith("k") and k[1:].isdigit()):
+            raise SpecError(f"{where}: {cell!r}: the bound is k0, k<n> or kinf")
+        return cell
+
+    shapes = {"slope": lambda v: isinstance(v, list) and len(v) >= 2,
+              "welch": lambda v: isinstance(v, list) and len(v) == 2,
+              "gap_of_gaps": lambda v: isinstance(v, list) and len(v) == 2
+              and all(isinstance(p, list) and len(p) == 2 for p in v)}
+    if not shapes[kind](value):
+        raise SpecError(f"{where}: {kind} takes " + {"slope": "a list of two or more cells",
+                                                      "welch": "[greater, than]",
+                                                      "gap_of_gaps": "[[a, b], [c, d]]"}[kind])
+    if kind == "gap_of_gaps":
+        return tuple(tuple(name(c) for c in pair) for pair in value)
+    return tuple(name(c) for c in value)
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and check a predictions spec (module docstring); :class:`SpecError` says what is wrong."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise SpecError(f"{path}: cannot read it: {e}") from None
+    if not isinstance(data, dict) or not data.get("families"):
+        raise SpecError(f"{path}: a spec is a mapping with name, seeds, alpha, decide_on and families")
+    decide_on = data.get("decide_on", "raw")
+    if decide_on not in ("holm", "raw"):
+        raise SpecError(f"{path}: decide_on is holm or raw, got {decide_on!r}")
+    families, names = [], set()
+    for f in data["families"]:
+        predictions = []
+        for p in f.get("predictions") or []:
+            kinds = [k for k in KINDS if k in p]
+            where = f"{path}: {p.get('name', '?')}"
+            if len(kinds) != 1 or not p.get("name") or p["name"] in names:
+                raise SpecError(f"{where}: each prediction has a unique name and exactly one of {', '.join(KINDS)}")
+            names.add(p["name"])
+            predictions.append(Prediction(str(p["name"]), str(p.get("claim", "")), kinds[0],
+                                          _cell_names(kinds[0], p[kinds[0]], where)))
+        if not predictions or "task" not in f:
+            raise SpecError(f"{path}: family {f.get('name', '?')!r} needs a task and predictions")
+        families.append(Family(str(f.get("name", f["task"])), str(f["task"]), float(f.get("floor", 0.0)),
+                               tuple(predictions)))
+    return Spec(str(data.get("name", Path(path).stem)), tuple(int(s) for s in data.get("seeds") or ()),
+                float(data.get("alpha", 0.05)), decide_on, tuple(families))
+
+
+def _label(s: RunSummary) -> str | None:
+    if not s.finished or s.off_policy != "none" or s.lag != "bounded":
+        return None
+    return "kinf" if s.k is None else f"k{s.k}"
+
+
+def cells(spec: Spec, family: Family, summaries: Sequence[RunSummary]) -> dict[str, list[RunSummary]]:
+    """The family's runs by cell name (``<lr>/<k>``, the lr matched as a number), among the spec's seeds."""
+    wanted = {c for p in family.predictions for c in _flat(p)}
+    out: dict[str, list[RunSummary]] = {c: [] for c in sorted(wanted)}
+    for s in summaries:
+        label = _label(s)
+        if label is None or family.task not in s.val or (spec.seeds and s.seed not in spec.seeds):
+            continue
+        for c in wanted:
+            lr, k = c.split("/", 1)
+            if k == label and math.isclose(float(lr), s.actor_lr, rel_tol=1e-9):
+                out[c].append(s)
+    return out
+
+
+def _flat(p: Prediction) -> list[str]:
+    return [c for item in p.cells for c in (item if isinstance(item, tuple) else (item,))]
+
+
+def _m(members: Sequence[RunSummary]) -> np.ndarray:
+    return np.array([s.mean_val for s in members], dtype=float)
+
+
+def _statistic(p: Prediction, c: dict[str, list[RunSummary]]) -> tuple[str, float]:
+    """The prediction's statistic in words (value and 95 % interval) and its one-sided p in the predicted
+    direction."""
+    if p.kind == "slope":
+        members = [s for cell in p.cells for s in c[cell]]
+        fit = scipy_stats.linregress([s.staleness_mean for s in members], _m(members))
+        t = scipy_stats.t.ppf(0.975, len(members) - 2)
+        one_sided = fit.pvalue / 2 if fit.slope < 0 else 1 - fit.pvalue / 2
+        return (f"slope {fit.slope:+.4f} per version [{fit.slope - t * fit.stderr:+.4f}, "
+                f"{fit.slope + t * fit.stderr:+.4f}], {len(members)} runs", float(one_sided))
+    if p.kind == "welch":
+        a, b = (_m(c[cell]) for cell in p.cells)
+        diff, low, high = stats.welch_difference(a, b)
+        one_sided = float(scipy_stats.ttest_ind(a, b, equal_var=False, alternative="greater").pvalue)
+        return f"{p.cells[0]} - {p.cells[1]}: {diff:+.3f} [{low:+.3f}, {high:+.3f}]", one_sided
+    groups = [_m(c[cell]) for pair in p.cells for cell in pair]
+    d = (groups[0].mean() - groups[1].mean()) - (groups[2].mean() - groups[3].mean())
+    parts = [g.var(ddof=1) / g.size for g in groups]
+    se = math.sqrt(sum(parts))
+    df = sum(parts) ** 2 / sum(v * v / (g.size - 1) for v, g in zip(parts, groups, strict=True))
+    t = scipy_stats.t.ppf(0.975, df)
+    (a, b), (x, y) = p.cells
+    return (f"({a} - {b}) - ({x} - {y}): {d:+.3f} [{d - t * se:+.3f}, {d + t * se:+.3f}]",
+            float(scipy_stats.t.sf(d / se, df)))
+
+
+def decide(spec: Spec, summaries: Sequence[RunSummary]) -> list[Outcome]:
+    """Every prediction of ``spec`` decided on ``summaries`` by the spec's rule."""
+    out: list[Outcome] = []
+    for family in spec.families:
+        c = cells(spec, family, summaries)
+        rows = []
+        for p in family.predictions:
+            counts = [len(c[cell]) for cell in _flat(p)]
+            if min(counts) < 2:
+                rows.append((p, "cells: " + ", ".join(f"{cell} {n}" for cell, n in zip(_flat(p), counts,
+                                                                                         strict=True)), math.nan))
+            else:
+                rows.append((p, *_statistic(p, c)))
+        adjusted = stats.holm([p_value for _, _, p_value in rows])
+        for (p, text, p_value), p_adj in zip(rows, adjusted, strict=True):
+            if not math.isfinite(p_value):
+                verdict = "pending"
+            else:
+                deciding = p_adj if spec.decide_on == "holm" else p_value
+                verdict = "held" if deciding < spec.alpha else "failed"
+                if spec.seeds and any(len(c[cell]) < len(spec.seeds) for cell in _flat(p)) or \
+                        any(not math.isfinite(q) for q in adjusted):
+                    verdict += " (interim)"
+            out.append(Outcome(p.name, p.claim, text, p_value, p_adj, verdict))
+    return out
+
+
+def cell_lines(spec: Spec, runs: Sequence[RunData], summaries: Sequence[RunSummary]) -> list[str]:
+    """Per family and cell: runs, mean M with its 95 % interval, mean Age, and the runs that fell (the family's
+    floor)."""
+    by_name = {r.name: r for r in runs}
+    rows = []
+    for family in spec.families:
+        for cell, members in cells(spec, family, summaries).items():
+            if not members:
+                rows.append([family.name, cell, "0", "", "", ""])
+                continue
+            mean, half, _ = stats.interval(_m(members))
+            fell = [s.name for s in members if find_collapse(*by_name[s.name].val_success(), floor=family.floor).fell]
+            rows.append([family.name, cell, str(len(members)), stats.format_mean_ci(mean, half),
+                         f"{np.mean([s.staleness_mean for s in members]):.2f}", f"{len(fell)} of {len(members)}"])
+    return table(["family", "cell", "runs", "M", "Age", "fell"], rows)
+
+
+def registered_section(spec: Spec, runs: Sequence[RunData], summaries: Sequence[RunSummary]) -> list[str]:
+    """The report's section for ``spec``: its cells, then each prediction's statistic, p, Holm p and verdict."""
+    outcomes = decide(spec, summaries)
+    rule = ("Holm-adjusted one-sided p within each family" if spec.decide_on == "holm" else "one-sided p")
+    lines = ["", f"## Registered predictions: {spec.name}", "",
+             f"Seeds {', '.join(map(str, spec.seeds))}; a prediction holds if its {rule} is below {spec.alpha:g}.",
+             "", *cell_lines(spec, runs, summaries), ""]
+    lines += table(["", "prediction", "statistic", "p", "Holm p", "verdict"],
+                   [[o.name, o.claim, o.statistic, f"{o.p:.3f}" if math.isfinite(o.p) else "",
+                     f"{o.p_holm:.3f}" if math.isfinite(o.p_holm) else "", o.verdict] for o in outcomes])
+    return lines
