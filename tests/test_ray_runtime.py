@@ -130,16 +130,18 @@ def test_staleness_bound_is_exercised_and_exact_across_a_resume(tiny_model_path,
     assert max(staleness) <= k and max(r["staleness/max"] for r in steps) <= k
     assert steps[-1]["staleness/admission_refusals"] > 0  # the gate was binding
     assert {g["worker"] for p in provenance for g in p["groups"]} == {"w0", "w1"}
-    # Stability by lag: every step logs every bucket (zeros for empty ones), summed over both ranks.
+    # Stability by lag, summed over both ranks: the buckets that hold something (an empty one is not logged).
     buckets = [*map(str, range(8)), "8+"]
     for r, p in zip(steps, provenance, strict=True):
-        tokens = [r[f"lag/{b}/tokens"] for b in buckets]
+        tokens = [r.get(f"lag/{b}/tokens", 0.0) for b in buckets]
+        assert all(r[f"lag/{b}/tokens"] > 0 or r[f"lag/{b}/trajectories"] > 0
+                   for b in buckets if f"lag/{b}/tokens" in r)  # no empty bucket logged
         kept = sum(g["kept"] for g in p["groups"])
-        assert sum(r[f"lag/{b}/trajectories"] for b in buckets) == 4 * kept  # 4 episodes a kept group
+        assert sum(r.get(f"lag/{b}/trajectories", 0.0) for b in buckets) == 4 * kept  # 4 episodes a kept group
         assert all(t == 0 for t in tokens[k + 1:]) and sum(tokens) > 0
         assert all(0 < r[f"lag/{b}/is_ess"] <= 1 + 1e-9 for b, t in zip(buckets, tokens, strict=True) if t)
         assert abs(sum(r[f"lag/{b}/adv_share"] for b, t in zip(buckets, tokens, strict=True) if t) - 1) < 1e-6
-    assert any(r[f"lag/{b}/tokens"] > 0 for r in steps for b in buckets[1:])
+    assert any(r.get(f"lag/{b}/tokens", 0.0) > 0 for r in steps for b in buckets[1:])
     if fixed_lag:
         for p in provenance:
             lag = min(k, p["learner_version"])  # version 0 has nothing older: warm-up

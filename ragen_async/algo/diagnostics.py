@@ -100,9 +100,9 @@ def lag_sums(
 
 def lag_metrics(sums: list[list[float]], prefix: str = "lag") -> dict[str, float]:
     """``{prefix}/{s}/...`` per bucket from :func:`lag_sums`'s rows (summed over ranks, as host lists;
-    the last bucket is named ``{K-1}+``), and ``mismatch/k3_kl``, the same KL over all lags: ``tokens`` and
-    ``trajectories`` always (0 marks an empty bucket, so every step logs every bucket); where the bucket
-    holds tokens, ``k3_kl`` (behaviour vs learner), ``is_ess`` (the importance weights' effective sample
+    the last bucket is named ``{K-1}+``), and ``mismatch/k3_kl``, the same KL over all lags. An empty bucket (no
+    token, no trajectory) logs nothing: a reader takes a missing bucket as empty. Otherwise ``tokens`` and
+    ``trajectories``; where the bucket holds tokens, ``k3_kl`` (behaviour vs learner), ``is_ess`` (the importance weights' effective sample
     size over the token count, 1 = no mismatch), ``is_outside_clip`` (share of tokens whose weight leaves
     the clip range) and ``adv_share`` (share of the step's summed |advantage|); where it holds
     trajectories, their mean ``reward`` and ``success``."""
@@ -114,6 +114,8 @@ def lag_metrics(sums: list[list[float]], prefix: str = "lag") -> dict[str, float
     for s in range(len(rows["tokens"])):
         key = f"{prefix}/{s}{'+' if s == last else ''}"
         n, n_traj = rows["tokens"][s], rows["trajectories"][s]
+        if n == 0 and n_traj == 0:
+            continue
         out[f"{key}/tokens"] = n
         out[f"{key}/trajectories"] = n_traj
         if n > 0:

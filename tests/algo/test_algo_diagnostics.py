@@ -45,10 +45,10 @@ def test_lag_metrics_by_hand() -> None:
     assert out["lag/0/is_outside_clip"] == 0.5
     assert out["lag/0/k3_kl"] == pytest.approx((2.0 - 1.0 - math.log(2.0)) / 2)
     assert [out[f"lag/{s}/adv_share"] for s in ("0", "1", "3+")] == [0.25, 0.25, 0.5]
-    # Trajectories go to the bucket of their oldest trained token; the empty bucket 2 logs zeros only.
+    # Trajectories go to the bucket of their oldest trained token; the empty bucket 2 logs nothing.
     assert out["lag/0/trajectories"] == 0 and "lag/0/reward" not in out
     assert out["lag/1/trajectories"] == 1 and out["lag/1/reward"] == 3.0 and out["lag/1/success"] == 1.0
     assert out["lag/3+/trajectories"] == 1 and out["lag/3+/reward"] == -1.0 and out["lag/3+/success"] == 0.0
     assert out["lag/3+/is_ess"] == 1.0 and out["lag/3+/k3_kl"] == 0.0
-    assert {k: v for k, v in out.items() if k.startswith("lag/2/")} == {"lag/2/tokens": 0.0, "lag/2/trajectories": 0.0}
+    assert not [k for k in out if k.startswith("lag/2/")]
     assert all(math.isfinite(v) for v in out.values())

@@ -81,7 +81,8 @@ def test_a_gae_step_with_critic_and_reference_keeps_every_tensor_on_the_device(t
     device-to-host read (``_fetch``) returns zeros here; everything before it runs for real."""
     learner, result = _run_on_meta(tiny_model_path, monkeypatch, "algo.kl_coef=0.01")
     assert learner.critic is not None and learner.ref is not None
-    assert {"actor/pg_loss", "actor/kl_loss", "critic/vf_loss", "critic/vf_explained_var", "lag/0/tokens"} <= set(result.metrics)
+    # (lag_sums ran on the device too; with meta's zeros every lag bucket is empty, so none is logged)
+    assert {"actor/pg_loss", "actor/kl_loss", "critic/vf_loss", "critic/vf_explained_var"} <= set(result.metrics)
     assert result.metrics["learner/optimizer_steps"] == 2  # two mini-batches: the recompute pass ran too
 
 
