@@ -248,7 +248,7 @@ def make_model(
     seeds_per_tag: Annotated[int, typer.Option(help="episodes per env tag in the report")] = 64,
     warm_start: Annotated[str | None, typer.Option(
         help="build a solver-derived warm start from the base model instead: sokoban (the study's specimen, "
-             "`make specimen`) or frozen_lake")] = None,
+             "`make specimen`), frozen_lake or countdown (SmallCountdown)")] = None,
     eps: Annotated[float | None, typer.Option(help="--warm-start: share of random actions (default: its config's)")] = None,
     episodes: Annotated[int | None, typer.Option(help="--warm-start: oracle episodes (default: its config's)")] = None,
     checkpoints: Annotated[bool, typer.Option(help="--warm-start: also save every tenth of the SFT steps "

