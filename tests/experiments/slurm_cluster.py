@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -27,6 +28,8 @@ def ensure_installed() -> None:
         raise RuntimeError("slurm-wlm and munge are not installed and this is not root: "
                            f"apt-get install {' '.join(PACKAGES)}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    print(f"slurm-wlm and munge are missing; installing them as root: apt-get install {' '.join(PACKAGES)}",
+          file=sys.stderr, flush=True)
     subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
     subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES], check=True, env=env)
 
