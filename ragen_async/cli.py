@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -306,12 +307,8 @@ def bench_pipeline_cmd(
         consumes = [parse_consume(c) for c in consume or ["arrival"]]
     except ValueError as e:
         _fail(str(e))
-    cmd = "ragen-async bench pipeline " + " ".join([str(config), *(overrides or [])]
-                                                   + [f"--k {'inf' if x is None else x}" for x in ks]
-                                                   + [f"--mode {m}" for m in modes]
-                                                   + [f"--consume {c}" for c in consumes])
     rows, table = bench_pipeline(config, overrides or [], ks, steps, warmup, modes, consumes)
-    _print_bench("Pipeline benchmark", f"{cmd} --steps {steps} --warmup {warmup}",
+    _print_bench("Pipeline benchmark",
                  "pinned = rollout actors+engines and learner ranks on disjoint CPU sets; unpinned = shared, same "
                  "thread counts; config = the config's own CPU sets and thread counts.", table, out)
 
@@ -320,12 +317,18 @@ def _cpu_list(cpus: tuple[int, ...]) -> str:
     return ",".join(map(str, cpus)) or "?"
 
 
-def _print_bench(title: str, command: str, note: str, table: str, out: Path | None) -> None:
-    """Print a benchmark's tables under the machine, the command and a note, and (``out``) append them
-    to a markdown file under a dated heading."""
+def invocation(argv: list[str] | None = None) -> str:
+    """The command line as it was typed (``ragen-async`` and every argument given), for a benchmark's record: no
+    flag rebuilt by hand, so none is dropped; what was not given took its default, which ``--help`` shows."""
+    return shlex.join(["ragen-async", *(sys.argv[1:] if argv is None else argv)])
+
+
+def _print_bench(title: str, note: str, table: str, out: Path | None) -> None:
+    """Print a benchmark's tables under the machine, the command as typed (:func:`invocation`) and a note, and
+    (``out``) append them to a markdown file under a dated heading."""
     from ragen_async.bench.pipeline import machine_description
 
-    text = f"machine: {machine_description()}\ncommand: `{command}`\n{note}\n\n{table}\n"
+    text = f"machine: {machine_description()}\ncommand: `{invocation()}`\n{note}\n\n{table}\n"
     print(text)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -353,8 +356,7 @@ def bench_transport_cmd(
         _fail(str(e))
     hops = "\n".join(f"- {hop}: {what}" for hop, what in HOPS.items())
     cpus = f"sender on CPUs {_cpu_list(rows[0].sender_cpus)}, receiver on CPUs {_cpu_list(rows[0].receiver_cpus)}"
-    _print_bench("Transport benchmark", f"ragen-async bench transport --groups {groups} --repeats {repeats}"
-                 + (" --pin" if pin else ""),
+    _print_bench("Transport benchmark",
                  f"sender and receiver: two processes on loopback TCP ({cpus}); {repeats} runs per path, the paths "
                  f"alternating (a pair: a project run and the raw run after it); medians, then means with 95 % "
                  f"intervals; raw = send_multipart / recv_multipart of the same frames\n\n{hops}",
@@ -388,7 +390,7 @@ def bench_weights_cmd(
         # then as separate tensors (packed into buckets first, e.g. an FSDP gather's output)
         rows.append(bench_weights_one(f"{name}, flat as the learner's", learner_layout(named), repeats))
         rows.append(bench_weights_one(f"{name}, separate tensors", named, repeats))
-    _print_bench("Weight-sync benchmark", f"ragen-async bench weights --repeats {repeats}",
+    _print_bench("Weight-sync benchmark",
                  "publisher and one receiver process, gloo over loopback; each sync timed on the publisher up to "
                  "a barrier after the receiver finished", format_weights(rows), out)
 
@@ -431,9 +433,7 @@ def bench_learner_cmd(
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(rows_json(rows), indent=1))
-    dtype_args = "".join(f" --dtype {d}" for d in dtypes)
     _print_bench("Learner benchmark",
-                 f"ragen-async bench learner --shape {shape} --device {device} --steps {steps}{dtype_args}",
                  "one rank's share of a paper-scale step (configs/paper/starpo_s_sokoban.yaml: 8 trajectories of up to "
                  "4,000 tokens), synthetic token ids. FLOPs as torchtitan and verl count them (docs/benchmarks.md, "
                  "ragen_async/bench/flops.py): 6 x N without the embedding per token and pass, the attention term "
@@ -479,9 +479,7 @@ def bench_learns_cmd(
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result_json(result), indent=1))
     ok, line = verdict(result)
-    dtype_args = "".join(f" --dtype {d}" for d in dtypes)
-    _print_bench("Learner learns", f"ragen-async bench learns {' '.join(overrides or [])} --model {model} "
-                 f"--device {device} --steps {steps}{dtype_args}".replace("learns  ", "learns "),
+    _print_bench("Learner learns",
                  f"P(target token) after each step; target {result.target} (prompt {result.prompt}); "
                  f"configs/paper/starpo_s_bandit.yaml with learner.actor_lr={ACTOR_LR:g}, "
                  f"learner.critic_lr={CRITIC_LR:g}",
@@ -559,16 +557,12 @@ def bench_cluster_cmd(
     rows = bench_cluster(ns, steps, warmup, groups_per_actor=groups_per_actor, concurrent_groups=concurrent_groups,
                          max_staleness=k, learner_step_s=learner_step_s, actors_per_rank=actors_per_rank,
                          senders=senders, engine_speed=engine_speed, profile=profile, admissions=modes)
-    cmd = ("ragen-async bench cluster " + " ".join(f"--n {x}" for x in ns) +
-           f" --steps {steps} --warmup {warmup} --groups-per-actor {groups_per_actor} --concurrent-groups "
-           f"{concurrent_groups} --k {k} --learner-step-s {learner_step_s} --actors-per-rank {actors_per_rank} "
-           f"--senders {senders} --engine-speed {engine_speed:g}" + "".join(f" --admission {m}" for m in modes))
     note = (f"profile {profile}: {summary['groups']} Sokoban groups of 8 recorded on vLLM (tiny model), "
             f"{summary['turns_mean']:.1f} turns and {summary['episode_tokens_mean']:.0f} tokens per episode, "
             f"{summary['reply_tokens_mean']:.1f} tokens per reply, per-token latency p50 "
             f"{summary['token_latency_ms_p50']:.1f} ms / p90 {summary['token_latency_ms_p90']:.1f} ms, "
             f"{summary['group_s_mean']:.2f} s per group; rates over the last {steps} of {steps + warmup} steps")
-    _print_bench("Simulated cluster", cmd, note, format_cluster(rows), out)
+    _print_bench("Simulated cluster", note, format_cluster(rows), out)
 
 
 @bench_app.command("step")
@@ -584,9 +578,8 @@ def bench_step_cmd(
     from ragen_async.bench.step_profile import format_profile, profile_steps
 
     cfg = _load(config, overrides)
-    cmd = "ragen-async bench step " + " ".join([str(config), *(overrides or [])])
     profile = profile_steps(cfg, steps, warmup)
-    _print_bench("Step profile", f"{cmd} --steps {steps} --warmup {warmup}",
+    _print_bench("Step profile",
                  f"median over {profile.steps} steps after {warmup} warm-up steps", format_profile(profile), out)
 
 
@@ -620,16 +613,15 @@ def bench_rllib_cmd(
               f"lag mean {s['lag_mean']:.2f} max {s['lag_max']}", flush=True)
 
     results = bench_rllib(ks, seeds, budget_s, on_run=progress)
-    cmd = "ragen-async bench rllib " + " ".join(f"--k {x}" for x in ks) + f" --seeds {seeds} --budget-s {budget_s:g}"
     note = (f"APPO (RLlib new API stack, torch, CPU), one EnvRunner, MLP 64x64 on the one-hot 6x6 grid; "
             f"k -> broadcast_interval = k + 1 (ragen_async/study/rllib_ref.py says how, and what it does not "
             f"bound); success over seeds {EVAL_SEED}..{EVAL_SEED + EVAL_EPISODES - 1}, one episode each; "
             f"mean ± 95 % t-interval over seeds (none with one seed); lag measured per trained timestep")
     table = cells(results)
-    _print_bench("RLlib APPO reference", cmd, note, format_cells(table), out)
+    _print_bench("RLlib APPO reference", note, format_cells(table), out)
     if csv is not None:
         csv.parent.mkdir(parents=True, exist_ok=True)
-        csv.write_text(f"# {cmd}, {time.strftime('%Y-%m-%d %H:%M')}\n" + reference_csv(table))
+        csv.write_text(f"# {invocation()}, {time.strftime('%Y-%m-%d %H:%M')}\n" + reference_csv(table))
 
 
 @app.command()
