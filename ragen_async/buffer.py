@@ -33,6 +33,7 @@ Pure Python + numpy + torch (for the algo calls); no zmq or ray. Times are passe
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -80,7 +81,8 @@ class DropRecord:
     where: DropSite
     reason: DropReason
     bound: int | None = None
-    """The bound in force at the drop (``max_staleness`` then)."""
+    """The bound the group was held to: the one in force at the drop, or in in-order mode the one it was
+    admitted under (``TrajectoryBuffer.bound_of``)."""
     waited_s: float | None = None
     """Seconds the group had waited in the buffer (0 when dropped on arrival; ``None``: no time was given)."""
     env_tag: str = ""
@@ -235,6 +237,9 @@ class TrajectoryBuffer:
         self._blocked: tuple[int, int] | None = None
         """In-order mode: (version, missing index) of the last :meth:`ready` that found the head of the line
         missing: until that index arrives (or the version moves) the answer stays no, at O(1) cost."""
+        self._bounds: list[tuple[int, int | None]] = [(0, max_staleness)]
+        """The bound by first admitted index, ascending (:meth:`set_max_staleness`): a group is held to the last
+        entry at or below its index."""
         self._stats = StalenessStats(_HIST_MAX_UNBOUNDED if max_staleness is None else max_staleness)
 
     # -- queue state -------------------------------------------------------------------------------
@@ -313,18 +318,44 @@ class TrajectoryBuffer:
 
     # -- staleness gate ----------------------------------------------------------------------------
 
-    def set_max_staleness(self, k: int | None) -> None:
-        """Move the bound (adaptive staleness; ``None`` lifts it); the staleness gate applies it from the next
-        group on."""
+    def set_max_staleness(self, k: int | None, from_index: int | None = None) -> None:
+        """Move the bound (adaptive staleness; ``None`` lifts it).
+
+        In-order mode with ``from_index`` (``AdmissionController.set_max_staleness``'s answer: the first index
+        admitted under ``k``): each group keeps the bound it was admitted under, so groups already admitted
+        under a looser bound are not dropped by a tightening (they drain, and the new bound bites once they are
+        consumed); under a fixed bound and in order nothing is dropped, and so nothing is while it moves. Otherwise
+        the new bound applies to every group from the next check on (what a group was admitted under is unknown)."""
         if self.fixed_lag:
             raise ValueError("a fixed-lag buffer cannot move its bound")
         self.max_staleness = k
+        if from_index is None or self.consume != "in_order":
+            self._bounds = [(0, k)]
+        else:
+            self._bounds = [(i, b) for i, b in self._bounds if i < from_index] + [(from_index, k)]
+            while len(self._bounds) > 1 and self._bounds[1][0] <= self._frontier:  # none below the line needs them
+                self._bounds.pop(0)
+        self._counted_at = None
+
+    def bound_of(self, index: int) -> int | None:
+        """The bound group ``index`` is held to (:meth:`set_max_staleness`)."""
+        at = bisect.bisect_right([i for i, _ in self._bounds], index) - 1
+        return self._bounds[max(at, 0)][1]
+
+    def bounds_state(self) -> list[list[int | None]]:
+        """The bounds by first admitted index, for a checkpoint (:meth:`restore_bounds`)."""
+        return [[i, b] for i, b in self._bounds]
+
+    def restore_bounds(self, state: list) -> None:
+        """Continue :meth:`bounds_state` (a checkpoint's): replayed groups keep the bound they were admitted under."""
+        self._bounds = [(int(i), None if b is None else int(b)) for i, b in state]
+        self.max_staleness = self._bounds[-1][1]
         self._counted_at = None
 
     def _violation(self, index: int, oldest: Sequence[int], learner_version: int, consuming: bool) -> DropReason | None:
         """Why group ``index``, whose trajectories' oldest versions are ``oldest``, cannot be used at
         ``learner_version`` (``None``: it can)."""
-        k = self.max_staleness
+        k = self.bound_of(index)
         if k is None:
             return None
         staleness = staleness_of(oldest, learner_version)
@@ -344,7 +375,7 @@ class TrajectoryBuffer:
             learner_version=learner_version,
             where=where,
             reason=reason,
-            bound=self.max_staleness,
+            bound=self.bound_of(group_index(group)),
             waited_s=waited_s,
             env_tag=group.env_tag,
             seed=group.seed,

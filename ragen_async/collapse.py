@@ -25,7 +25,12 @@ one that generated them; :func:`stale_tokens` pools them from the per-lag metric
 - ``stale_kl``: their behaviour/learner KL (k3) above ``spike`` times the median of the previous ``window``
   steps that had stale tokens;
 - ``stale_ess``: the step's importance-weight effective sample size of its stale tokens (over the token
-  count, 1 = no mismatch) below ``fraction``.
+  count, 1 = no mismatch) below ``fraction``;
+- ``kl_rise``: their KL on a log scale, as an exponential moving average over ``KL_RISE_SPAN`` steps, more than
+  ``KL_RISE_MADS`` median absolute deviations above the median of its previous ``KL_RISE_TRAILING`` values
+  (after ``KL_RISE_WARMUP`` steps with stale tokens): a rise of the drift against the run's own recent level,
+  where ``stale_kl`` compares one step with a fixed multiple. Chosen on the staleness study's runs, where it came
+  10-21 steps before 4 of the confirmation's 5 crashes (docs/experiments.md, "The staleness controller").
 
 The report replays finished runs through the same class, and the adaptive staleness bound reacts to it
 while a run goes (to the signals ``staleness.adaptive_signals`` names), so both read one definition.
@@ -115,13 +120,21 @@ class CollapseWatch:
         return False
 
 
-SIGNALS = ("reward_std", "entropy", "grad_norm", "stale_kl", "stale_ess")
+SIGNALS = ("reward_std", "entropy", "grad_norm", "stale_kl", "stale_ess", "kl_rise")
 """The early-warning signals, in report order."""
 SIGNAL_KEYS = {"reward_std": "rollout/in_group_reward_std", "entropy": "actor/entropy", "grad_norm": "actor/grad_norm",
-               "stale_kl": "stale/k3_kl", "stale_ess": "stale/is_ess"}
+               "stale_kl": "stale/k3_kl", "stale_ess": "stale/is_ess", "kl_rise": "stale/k3_kl"}
 """The step metric each signal reads (``stale/*``: :func:`stale_tokens`)."""
 SPIKES = frozenset({"grad_norm", "stale_kl"})
 """Signals that fire on a spike over the median of the previous ``window`` values."""
+KL_RISE_SPAN = 5
+"""``kl_rise``: span of the moving average of log KL (weight 2 / (span + 1) on the newest step)."""
+KL_RISE_TRAILING = 50
+"""``kl_rise``: how many previous averages its median and median absolute deviation are taken over."""
+KL_RISE_MADS = 2.0
+"""``kl_rise``: how many median absolute deviations above that median fire it."""
+KL_RISE_WARMUP = 15
+"""``kl_rise``: previous averages needed before it may fire."""
 
 
 def stale_tokens(metrics: dict[str, float]) -> dict[str, float]:
@@ -153,6 +166,10 @@ class EarlyWarning:
         self.recent = {s: deque(maxlen=window) for s in SIGNALS}
         self.reward_std_peak = -math.inf
         self.entropy_start: list[float] = []
+        self.kl_average: float | None = None
+        """``kl_rise``: the moving average of log KL (``None`` before the first step with stale tokens)."""
+        self.kl_history: deque[float] = deque(maxlen=KL_RISE_TRAILING)
+        """``kl_rise``: the previous averages it compares with."""
 
     def update(self, metrics: dict[str, float]) -> set[str]:
         fired = set()
@@ -172,6 +189,10 @@ class EarlyWarning:
                 if value < self.fraction:
                     fired.add(signal)
                 continue
+            if signal == "kl_rise":
+                if value > 0 and self._kl_rises(math.log(value)):
+                    fired.add(signal)
+                continue
             recent.append(value)
             smooth = sum(recent) / len(recent)
             if signal == "reward_std":
@@ -185,13 +206,29 @@ class EarlyWarning:
                     fired.add(signal)
         return fired
 
+    def _kl_rises(self, log_kl: float) -> bool:
+        """``kl_rise`` at a step whose stale tokens' KL is ``exp(log_kl)``: the new average against the previous ones."""
+        alpha = 2.0 / (KL_RISE_SPAN + 1)
+        average = log_kl if self.kl_average is None else alpha * log_kl + (1 - alpha) * self.kl_average
+        history = np.asarray(self.kl_history)
+        fires = False
+        if history.size >= KL_RISE_WARMUP:
+            median = float(np.median(history))
+            fires = average > median + KL_RISE_MADS * float(np.median(np.abs(history - median)))
+        self.kl_average = average
+        self.kl_history.append(average)
+        return fires
+
     def state(self) -> dict:
         """JSON-serialisable, for checkpoints."""
         return {"recent": {s: list(v) for s, v in self.recent.items()}, "reward_std_peak": self.reward_std_peak,
-                "entropy_start": self.entropy_start}
+                "entropy_start": self.entropy_start, "kl_average": self.kl_average,
+                "kl_history": list(self.kl_history)}
 
     def restore(self, state: dict) -> None:
         for s, values in state["recent"].items():
             self.recent[s] = deque(values, maxlen=self.window)
         self.reward_std_peak = float(state["reward_std_peak"])
         self.entropy_start = list(state["entropy_start"])
+        self.kl_average = state.get("kl_average")  # absent in checkpoints written before kl_rise
+        self.kl_history = deque(state.get("kl_history", []), maxlen=KL_RISE_TRAILING)

@@ -233,7 +233,13 @@ class StalenessConfig(_Strict):
     """Quiet learner steps before the adaptive controller raises the bound by one."""
     adaptive_signals: list[str] = Field(default_factory=lambda: ["reward_std", "entropy", "grad_norm"])
     """The early-warning signals that halve the adaptive bound (``collapse.SIGNALS``; RAGEN's three by
-    default, the staleness-specific ``stale_kl`` and ``stale_ess`` on request)."""
+    default, the staleness-specific ``stale_kl``, ``stale_ess`` and ``kl_rise`` on request)."""
+    kl_target: float | None = Field(None, gt=0)
+    """Adaptive: move the bound to hold the stale tokens' KL (``stale/k3_kl``, averaged) under this target
+    (``staleness.KLTargetBound``) instead of on warnings; starts at max_staleness, stays within adaptive_min_k
+    .. adaptive_max_k; None = the warnings move it."""
+    adaptive_max_k: int | None = Field(None, ge=1)
+    """The highest bound the KL-target controller may set (None: max_staleness, where it starts)."""
     consume: Literal["arrival", "in_order"] = "in_order"
     """Which groups a batch takes: ``in_order`` = the lowest outstanding admitted indices, waited for, so under
     a fixed bound nothing is dropped; ``arrival`` = the lowest-index groups that have arrived (a slow group is
@@ -259,6 +265,14 @@ class StalenessConfig(_Strict):
         if unknown or not self.adaptive_signals:
             raise ValueError(f"staleness.adaptive_signals {self.adaptive_signals}: expected one or more of "
                              f"{', '.join(SIGNALS)}")
+        if self.kl_target is not None and not (self.adaptive and self.max_staleness is not None):
+            raise ValueError("staleness.kl_target moves the adaptive bound from where it starts: it needs "
+                             "staleness.adaptive and an integer staleness.max_staleness >= 1")
+        if self.adaptive_max_k is not None and self.kl_target is None:
+            raise ValueError("staleness.adaptive_max_k applies only with staleness.kl_target")
+        if self.adaptive_max_k is not None and self.adaptive_max_k < self.max_staleness:
+            raise ValueError(f"staleness.adaptive_max_k ({self.adaptive_max_k}) is below the bound it starts from "
+                             f"(max_staleness {self.max_staleness})")
         top = self.max_staleness if self.max_staleness is not None else self.adaptive_engage_k
         if self.adaptive and self.adaptive_min_k > top:
             raise ValueError(f"staleness.adaptive_min_k ({self.adaptive_min_k}) is above the bound it starts "

@@ -50,7 +50,7 @@ from ragen_async.provenance import ProvenanceLog, rewind_jsonl
 from ragen_async.rollout.worker import rollout_metrics
 from ragen_async.rundir import DRIVER_STATE, RunDir, finalize_checkpoint, refuse_relative, staging_path
 from ragen_async.runtime import Runtime
-from ragen_async.staleness import AdaptiveBound
+from ragen_async.staleness import AdaptiveBound, KLTargetBound
 from ragen_async.weight_sync.probe import check_probe
 from ragen_async.weight_sync.verify import check_served, needed_digests
 
@@ -201,9 +201,14 @@ class Trainer:
         self._tokenizer: Any = None
         """Loaded on the first ``log_episodes``."""
         s = cfg.staleness
-        self.bound = (AdaptiveBound(s.max_staleness, s.adaptive_min_k, s.adaptive_patience, s.adaptive_engage_k)
-                      if s.adaptive else None)
-        """Adaptive staleness (``staleness.adaptive``): the warnings move the bound."""
+        self.bound: AdaptiveBound | KLTargetBound | None = None
+        """Adaptive staleness (``staleness.adaptive``): the warnings, or the stale tokens' KL against
+        ``staleness.kl_target``, move the bound."""
+        if s.adaptive and s.kl_target is not None:
+            self.bound = KLTargetBound(s.kl_target, s.max_staleness, s.adaptive_min_k, s.adaptive_max_k,
+                                       s.adaptive_patience)
+        elif s.adaptive:
+            self.bound = AdaptiveBound(s.max_staleness, s.adaptive_min_k, s.adaptive_patience, s.adaptive_engage_k)
         self.completed = 0
         """The last learner step whose update the learner holds (what a failure saves)."""
         self.saved_step: int | None = None
@@ -294,7 +299,8 @@ class Trainer:
             await self._report(consumed=[])
         batch = self.buffer.next_batch(self.version, step, time.time())
         await self._report(consumed=batch.indices)
-        self.provenance.write(step + 1, self.version, batch.groups, batch.shards, self._drops)
+        bounds = {g.index: self.buffer.bound_of(g.index) for g in batch.groups} if self.bound is not None else None
+        self.provenance.write(step + 1, self.version, batch.groups, batch.shards, self._drops, bounds)
         self._drops = []
         return batch
 
@@ -311,11 +317,27 @@ class Trainer:
         fired = self.warnings.update(record)
         record.update({f"warning/{s}": float(s in fired) for s in SIGNALS})
         fired &= set(self.cfg.staleness.adaptive_signals)
-        if self.bound is not None and self.bound.update(bool(fired)) != self.buffer.max_staleness:
-            log.info("adaptive staleness: bound %s -> %s (warnings: %s)", self.buffer.max_staleness, self.bound.max_staleness,
-                     ", ".join(sorted(fired)) or f"none for {self.bound.patience} steps")
-            self.buffer.set_max_staleness(self.bound.max_staleness)
-            await self.runtime.admission.set_max_staleness(self.bound.max_staleness)
+        if self.bound is None:
+            return
+        before = self.buffer.max_staleness
+        if isinstance(self.bound, KLTargetBound):
+            after = self.bound.update(record.get("stale/k3_kl"))
+            record["staleness/controller_kl"] = math.nan if self.bound.kl is None else self.bound.kl
+        else:
+            after = self.bound.update(bool(fired))
+        raised = after is None or (before is not None and after > before)
+        record["staleness/bound_change"] = 0.0 if after == before else 1.0 if raised else -1.0
+        if after != before:
+            why = self.bound.reason + (f" ({', '.join(sorted(fired))})" if fired and self.bound.reason == "a warning"
+                                       else "")
+            log.info("adaptive staleness: bound %s -> %s after step %s: %s", before, after, record.get("learner/step"), why)
+            await self.set_bound(after)
+
+    async def set_bound(self, k: int | None) -> None:
+        """The bound for groups admitted from now on, at admission and in the buffer together (in order, each
+        group keeps the bound it was admitted under: ``TrajectoryBuffer.set_max_staleness``)."""
+        first = await self.runtime.admission.set_max_staleness(k)
+        self.buffer.set_max_staleness(k, from_index=first)
 
     def log_episodes(self, step: int, batch: Batch) -> None:
         """Every ``logging.episodes_every`` steps, a few of the batch's episodes as text."""
@@ -435,6 +457,7 @@ class Trainer:
         state = {"step": step, "version": self.version, "syncs": self.syncs,
                  "admission": await self.runtime.admission.state(), "early_warning": self.warnings.state(),
                  "adaptive": self.bound.state() if self.bound is not None else None,
+                 "bounds": self.buffer.bounds_state(),
                  "budget": self.budget.state(), "collapse_watch": self.collapse_watch.state(),
                  "duplicate_groups": self.duplicates}
         (path / DRIVER_STATE).write_text(json.dumps(state))
@@ -487,8 +510,11 @@ class Trainer:
             self.duplicates = int(state["duplicate_groups"])
         if self.bound is not None and state.get("adaptive"):
             self.bound.restore(state["adaptive"])
-            self.buffer.set_max_staleness(self.bound.max_staleness)
             await self.runtime.admission.set_max_staleness(self.bound.max_staleness)
+            if "bounds" in state and self.buffer.consume == "in_order":  # replayed groups keep their own bound
+                self.buffer.restore_bounds(state["bounds"])
+            else:
+                self.buffer.set_max_staleness(self.bound.max_staleness)
         log.info("resumed from %s at step %d (policy version %d, %d groups to replay)", checkpoint,
                  self.start_step, self.version, len(state["admission"]["outstanding"]))
 

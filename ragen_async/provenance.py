@@ -18,12 +18,15 @@ from ragen_async.protocol import AnyGroup, BatchShard
 
 
 def provenance_record(step: int, learner_version: int, groups: Sequence[AnyGroup],
-                      shards: Sequence[BatchShard], dropped: Sequence[dict] = ()) -> dict:
+                      shards: Sequence[BatchShard], dropped: Sequence[dict] = (),
+                      bounds: Mapping[int, int | None] | None = None) -> dict:
     """One step: every consumed group (``groups``: index, id, seed, worker, kept, versions, scores, and its
     episode statistics: mean turns, generated tokens, success share, seconds in play) and every group dropped
     while this step's batch was collected (``dropped``: ``buffer.DropRecord.as_record``: index, reason, where,
     staleness, the bound and how far past it, seconds waited, the level, the same episode statistics and
-    scores; files written before these existed hold index, reason, where and staleness only)."""
+    scores; files written before these existed hold index, reason, where and staleness only). Under the
+    adaptive bound, ``bounds`` gives each consumed group's ``bound``: the one it was held to (in order, the one
+    it was admitted under, ``TrajectoryBuffer.bound_of``; ``None``: unbounded)."""
     kept = {t.traj_id for s in shards for t in s.trajectories}
     out = []
     for g in groups:
@@ -35,6 +38,7 @@ def provenance_record(step: int, learner_version: int, groups: Sequence[AnyGroup
             "max_version": max(sampled, default=None),
             "scores": [round(float(x), 6) for x in g.scores],
             **g.episode_facts(),
+            **({"bound": bounds[g.index]} if bounds is not None else {}),
         })
     return {"step": step, "learner_version": learner_version, "groups": out, "dropped": list(dropped)}
 
@@ -44,9 +48,10 @@ class ProvenanceLog:
         self._f = Path(path).open("a", buffering=1) if path is not None else None
 
     def write(self, step: int, learner_version: int, groups: Sequence[AnyGroup],
-              shards: Sequence[BatchShard], dropped: Sequence[dict] = ()) -> None:
+              shards: Sequence[BatchShard], dropped: Sequence[dict] = (),
+              bounds: Mapping[int, int | None] | None = None) -> None:
         if self._f is not None:
-            self._f.write(json.dumps(provenance_record(step, learner_version, groups, shards, dropped)) + "\n")
+            self._f.write(json.dumps(provenance_record(step, learner_version, groups, shards, dropped, bounds)) + "\n")
 
     def close(self) -> None:
         if self._f is not None:
@@ -133,9 +138,11 @@ def audit_staleness(provenance: Sequence[dict], max_staleness: int | None, *, fi
     * bounded (``max_staleness = k``): staleness <= k (``max_staleness``); unbounded (``None``): no bound;
     * ``fixed_lag``: oldest and newest token both exactly ``min(k, learner_version)`` old (``fixed_lag``);
     * ``adaptive``: staleness <= ``bounds[step]``, the bound in force at that step (``adaptive_bound``;
-      see :func:`bounds_from_metrics`; ``None``: unbounded then), capped by k; a step with no recorded
-      bound is checked against k, an upper bound only (none when k is None), and listed in
-      ``bound_unknown_steps``.
+      see :func:`bounds_from_metrics`; ``None``: unbounded then), capped by k (the highest bound the
+      controller may set); a step with no recorded bound is checked against k, an upper bound only (none when
+      k is None), and listed in ``bound_unknown_steps``. A group whose record carries the bound it was held to
+      (``bound``: in order, each group keeps the bound it was admitted under) is checked against that instead,
+      which must not exceed the loosest bound in force at that step or before (``admitted_bound``).
 
     In every regime a token newer than the learner's version is a violation (``future_version``).
     Steps above ``up_to_step`` are skipped (as :func:`audit` does). Returns the regime, the number of
@@ -149,7 +156,8 @@ def audit_staleness(provenance: Sequence[dict], max_staleness: int | None, *, fi
     counts: dict[int, int] = {}
     violations: list[dict] = []
     unknown: set[int] = set()
-    for record in provenance:
+    loosest = -math.inf  # adaptive: the loosest bound in force so far
+    for record in sorted(provenance, key=lambda r: int(r["step"])):
         step, v = int(record["step"]), int(record["learner_version"])
         if up_to_step is not None and step > up_to_step:
             continue
@@ -159,9 +167,15 @@ def audit_staleness(provenance: Sequence[dict], max_staleness: int | None, *, fi
         elif regime == "adaptive":
             if bounds is not None and step in bounds:
                 bound = min((b for b in (bounds[step], max_staleness) if b is not None), default=None)
+                loosest = max(loosest, math.inf if bound is None else bound)
             else:
                 unknown.add(step)
+        step_bound = bound
         for g in record["groups"]:
+            bound, held_looser = step_bound, False
+            if regime == "adaptive" and "bound" in g and step not in unknown:
+                bound = g["bound"]
+                held_looser = (math.inf if bound is None else bound) > loosest
             oldest, newest = g.get("min_version"), g.get("max_version")
             staleness = 0 if oldest is None else v - int(oldest)
             newest_staleness = staleness if newest is None else v - int(newest)
@@ -170,8 +184,9 @@ def audit_staleness(provenance: Sequence[dict], max_staleness: int | None, *, fi
                 rule = "future_version"
             elif regime == "fixed_lag" and (staleness != bound or newest_staleness != bound):
                 rule = "fixed_lag"
-            elif bound is not None and staleness > bound:
-                rule = "adaptive_bound" if regime == "adaptive" and step not in unknown else "max_staleness"
+            elif held_looser or (bound is not None and staleness > bound):
+                rule = ("admitted_bound" if "bound" in g else "adaptive_bound") if regime == "adaptive" and \
+                    step not in unknown else "max_staleness"
             else:
                 continue
             violations.append({"step": step, "learner_version": v, "index": int(g["index"]),
@@ -198,7 +213,8 @@ def audit_in_order(provenance: Sequence[dict], max_staleness: int | None, *, ada
       force at its step (``bounds``, :func:`bounds_from_metrics`) is below one in force at an earlier step or
       at the start (``max_staleness``; ``None`` = unbounded), under which the group may have been admitted;
       a drop at a step whose bound is at or above every earlier one is listed. A step without a recorded
-      bound explains nothing.
+      bound explains nothing. A run whose groups carry the bound they were held to (each kept the bound it was
+      admitted under, so a tightening drops nothing either) has every drop listed.
     * ``out_of_order``: each step's consumed indices all lie above the previous step's (the head of the line
       only moves up); a step that consumed an index at or below the previous step's largest is listed.
 
@@ -212,6 +228,7 @@ def audit_in_order(provenance: Sequence[dict], max_staleness: int | None, *, ada
     out_of_order: list[dict] = []
     highest = level(max_staleness)  # the loosest bound in force so far (adaptive)
     previous_max: int | None = None
+    held = any("bound" in g for r in provenance for g in r["groups"])
     for record in sorted(provenance, key=lambda r: int(r["step"])):
         step = int(record["step"])
         if up_to_step is not None and step > up_to_step:
@@ -219,7 +236,7 @@ def audit_in_order(provenance: Sequence[dict], max_staleness: int | None, *, ada
         known = bounds is not None and step in bounds
         bound = level(bounds[step]) if known else None
         for d in record.get("dropped", []):
-            if not adaptive or bound is None or bound >= highest:
+            if not adaptive or held or bound is None or bound >= highest:
                 drops.append({"step": step, "index": int(d["index"]), "reason": d.get("reason"),
                               "where": d.get("where"), "staleness": d.get("staleness")})
         if bound is not None:
@@ -271,6 +288,9 @@ def _violation_line(v: dict) -> str:
         what = f"oldest token {v['staleness']}, newest {v['newest_staleness']} versions old, not exactly {v['bound']}"
     elif v["rule"] == "future_version":
         what = f"a token {-min(v['staleness'], v['newest_staleness'])} version(s) newer than the learner"
+    elif v["rule"] == "admitted_bound":
+        what = (f"staleness {v['staleness']} against the bound it was held to, {v['bound']} (over it, or looser than "
+                "any bound in force by then)")
     else:
         what = f"staleness {v['staleness']} > {v['bound']}"
     return f"{where}: {what} ({v['rule']})"
@@ -310,8 +330,9 @@ def audit_run_dir(path: Path) -> RunAudit:
             except json.JSONDecodeError:  # a line cut short by a kill
                 continue
         bounds = bounds_from_metrics(records)
-    stale = audit_staleness(provenance, s.max_staleness, fixed_lag=s.fixed_lag, adaptive=s.adaptive,
-                            bounds=bounds, up_to_step=step)
+    top = s.adaptive_max_k if s.adaptive_max_k is not None else s.max_staleness  # the highest bound it may set
+    stale = audit_staleness(provenance, top, fixed_lag=s.fixed_lag, adaptive=s.adaptive, bounds=bounds,
+                            up_to_step=step)
     errors = []
     if accounting["duplicates"] or accounting["unexplained"]:
         errors.append(f"duplicates {accounting['duplicates'][:20]}, unexplained {accounting['unexplained'][:20]}")
@@ -325,5 +346,5 @@ def audit_run_dir(path: Path) -> RunAudit:
                    for d in in_order["drops"]]
         errors += [f"step {o['step']} consumed index {o['lowest']}, not above the previous step's {o['previous_highest']} "
                    "in an in-order run (in_order_order)" for o in in_order["out_of_order"]]
-    return RunAudit(checkpoint.name, step, accounting, stale, _rule(stale["regime"], s.max_staleness), errors,
+    return RunAudit(checkpoint.name, step, accounting, stale, _rule(stale["regime"], top), errors,
                     in_order)

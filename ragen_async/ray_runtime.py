@@ -132,8 +132,8 @@ class RayAdmission(Admission):
     async def state(self) -> dict[str, Any]:
         return await self.gate.state.remote()
 
-    async def set_max_staleness(self, k: int | None) -> None:
-        await self.gate.set_max_staleness.remote(k)
+    async def set_max_staleness(self, k: int | None) -> int:
+        return await self.gate.set_max_staleness.remote(k)
 
     async def restore(self, state: dict[str, Any]) -> None:
         await self.gate.restore.remote(state)

@@ -50,8 +50,9 @@ class Admission(ABC):
         """The controller's state (``AdmissionController.state``) for a checkpoint."""
 
     @abstractmethod
-    async def set_max_staleness(self, k: int | None) -> None:
-        """Move the bound (``AdmissionController.set_max_staleness``)."""
+    async def set_max_staleness(self, k: int | None) -> int:
+        """Move the bound for groups admitted from now on; returns the first index admitted under it
+        (``AdmissionController.set_max_staleness``)."""
 
     @abstractmethod
     async def restore(self, state: dict[str, Any]) -> None:
@@ -73,8 +74,8 @@ class LocalAdmission(Admission):
     async def state(self) -> dict[str, Any]:
         return self.controller.state()
 
-    async def set_max_staleness(self, k: int | None) -> None:
-        self.controller.set_max_staleness(k)
+    async def set_max_staleness(self, k: int | None) -> int:
+        return self.controller.set_max_staleness(k)
 
     async def restore(self, state: dict[str, Any]) -> None:
         self.controller.restore(state)

@@ -22,6 +22,7 @@ passed in by the caller, so decisions are deterministic and unit-testable.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 
@@ -31,6 +32,7 @@ from ragen_async.protocol import NO_VERSION, AnyGroup, AnyTrajectory
 
 __all__ = [
     "AdaptiveBound",
+    "KLTargetBound",
     "AdmissionController",
     "StalenessStats",
     "format_group_id",
@@ -131,13 +133,14 @@ class AdmissionController:
         """Admitted indices not yet reported consumed or dropped, ascending."""
         return sorted(self._outstanding)
 
-    def set_max_staleness(self, k: int | None) -> None:
-        """Move the bound (adaptive staleness; ``None`` lifts it). Lowering it admits nothing new until the
-        published version catches up; groups already started may then be too old, and the buffer drops them
-        on arrival."""
+    def set_max_staleness(self, k: int | None) -> int:
+        """Move the bound (adaptive staleness; ``None`` lifts it) for the groups admitted from now on; returns
+        the first index that is (:attr:`groups_admitted`), so the buffer can hold each group to the bound it was
+        admitted under. Lowering it admits nothing new until the published version catches up."""
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
             raise ValueError(f"a bound is an integer >= 0 or None (unbounded), got {k!r}")
         self.max_staleness = k
+        return self._next_index
 
     def limit(self) -> int | None:
         """``(k + v + 1) · groups_per_step``: how many groups may have started at this version."""
@@ -266,6 +269,8 @@ class AdaptiveBound:
         self.start, self.lowest, self.patience, self.engage = start, lowest, patience, engage
         self.max_staleness: int | None = start
         self.quiet = 0
+        self.reason = ""
+        """Why the last :meth:`update` moved the bound (``""``: it did not)."""
 
     def update(self, warned: bool) -> int | None:
         """The bound for the next steps (``None``: unbounded), after a step with (``warned``) or without a
@@ -280,6 +285,8 @@ class AdaptiveBound:
                     self.max_staleness, self.quiet = None, 0
                 elif self.start is None or bound < self.start:
                     self.max_staleness, self.quiet = bound + 1, 0
+        self.reason = ("" if self.max_staleness == bound else "a warning" if warned
+                       else f"no warning for {self.patience} steps")
         return self.max_staleness
 
     def state(self) -> dict[str, int | None]:
@@ -289,6 +296,72 @@ class AdaptiveBound:
         bound = state["max_staleness"] if "max_staleness" in state else state["k"]  # "k": older checkpoints
         self.max_staleness = None if bound is None else int(bound)
         self.quiet = int(state["quiet"])
+
+
+class KLTargetBound:
+    """Staleness held to a drift target: the bound moves so that the stale tokens' behaviour/learner KL
+    (``stale/k3_kl``, :func:`ragen_async.collapse.stale_tokens`) stays under ``target``.
+
+    Each learner step with stale tokens updates a moving average of log KL (span ``span``). Above ``log target``
+    the bound is cut at once to ``floor(bound * sqrt(target / KL))`` (at least one lower; KL grows about as the
+    square of the age), then held for as many steps as the cut (the groups admitted under the old bound drain
+    first, so the cut shows in the KL only then) plus ``span``. After ``patience`` steps in a row under half the
+    target it rises by one. It stays within ``lowest`` .. ``highest`` and starts at ``start``: always finite,
+    so at most ``(bound + 1) * groups_per_step`` groups are in flight and a cut bites within ``bound`` steps.
+    A step without stale tokens (none consumed yet) decides nothing. Pure and deterministic:
+    the caller feeds one KL (or ``None``) per learner step and reads :attr:`reason` for the change it made."""
+
+    def __init__(self, target: float, start: int, lowest: int = 1, highest: int | None = None, patience: int = 10,
+                 span: int = 5) -> None:
+        highest = start if highest is None else highest
+        if not target > 0 or not 0 <= lowest <= start <= highest or patience < 1 or span < 1:
+            raise ValueError(f"need target > 0, 0 <= lowest <= start <= highest, patience >= 1 and span >= 1 "
+                             f"(got target {target}, lowest {lowest}, start {start}, highest {highest}, "
+                             f"patience {patience}, span {span})")
+        self.target, self.lowest, self.highest, self.patience, self.span = target, lowest, highest, patience, span
+        self.max_staleness: int = start
+        self.average: float | None = None
+        """The moving average of log KL (``None`` before the first step with stale tokens)."""
+        self.quiet = 0
+        self.hold = 0
+        self.reason = ""
+        """Why the last :meth:`update` moved the bound (``""``: it did not)."""
+
+    @property
+    def kl(self) -> float | None:
+        """The averaged KL the controller compares with its target."""
+        return None if self.average is None else math.exp(self.average)
+
+    def update(self, kl: float | None) -> int:
+        """The bound for the next steps after a step whose stale tokens' KL was ``kl`` (``None``: none stale)."""
+        bound, self.reason = self.max_staleness, ""
+        self.hold = max(0, self.hold - 1)
+        if kl is None or not math.isfinite(kl) or kl <= 0:
+            return bound  # nothing measured: nothing decided
+        alpha = 2.0 / (self.span + 1)
+        self.average = math.log(kl) if self.average is None else alpha * math.log(kl) + (1 - alpha) * self.average
+        over = self.average > math.log(self.target)
+        if over and self.hold == 0 and bound > self.lowest:
+            scaled = math.floor(bound * math.sqrt(self.target / math.exp(self.average)) + 1e-9)
+            self.max_staleness = max(self.lowest, min(bound - 1, scaled))
+            self.hold, self.quiet = bound - self.max_staleness + self.span, 0
+            self.reason = f"stale KL {math.exp(self.average):.2e} over the target {self.target:.2e}"
+        elif self.average < math.log(self.target / 2):
+            self.quiet += 1
+            if self.quiet >= self.patience and bound < self.highest:
+                self.max_staleness, self.quiet = bound + 1, 0
+                self.reason = f"stale KL under half the target for {self.patience} steps"
+        else:
+            self.quiet = 0
+        return self.max_staleness
+
+    def state(self) -> dict[str, float | int | None]:
+        return {"max_staleness": self.max_staleness, "average": self.average, "quiet": self.quiet, "hold": self.hold}
+
+    def restore(self, state: dict) -> None:
+        self.max_staleness = int(state["max_staleness"])
+        self.average = None if state["average"] is None else float(state["average"])
+        self.quiet, self.hold = int(state["quiet"]), int(state["hold"])
 
 
 # --------------------------------------------------------------------------------------------------

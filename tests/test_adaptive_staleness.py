@@ -4,7 +4,10 @@ admission gate, the buffer and the training loop together."""
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 
+import numpy as np
 import pytest
 
 from ragen_async.collapse import EarlyWarning, stale_tokens
@@ -13,7 +16,7 @@ from ragen_async.metrics import MemorySink
 from ragen_async.orchestrator import Trainer
 from ragen_async.rundir import RunDir
 from ragen_async.runtime import LocalAdmission
-from ragen_async.staleness import AdaptiveBound, AdmissionController
+from ragen_async.staleness import AdaptiveBound, AdmissionController, KLTargetBound
 from tests.test_buffer import make_group, plain_buffer
 
 
@@ -122,9 +125,9 @@ class RecordingAdmission(LocalAdmission):
         super().__init__(k, 4)
         self.moves: list[int | None] = []
 
-    async def set_max_staleness(self, k: int | None) -> None:
+    async def set_max_staleness(self, k: int | None) -> int:
         self.moves.append(k)
-        await super().set_max_staleness(k)
+        return await super().set_max_staleness(k)
 
 
 class StubRuntime:
@@ -196,7 +199,77 @@ def test_the_loop_engages_a_bound_from_unbounded_on_the_stale_ess_and_lifts_it(t
      "adaptive_min_k (3) is above"),
     (["staleness.max_staleness=2", "staleness.fixed_lag=true"], "no fixed_lag"),
     (["staleness.max_staleness=2", "staleness.adaptive_min_k=3"], "adaptive_min_k (3) is above"),
+    (["staleness.max_staleness=null", "staleness.adaptive_engage_k=2", "staleness.kl_target=0.001"],
+     "kl_target moves the adaptive bound"),
+    (["staleness.max_staleness=4", "staleness.adaptive_max_k=8"], "adaptive_max_k applies only with"),
+    (["staleness.max_staleness=4", "staleness.kl_target=0.001", "staleness.adaptive_max_k=2"],
+     "adaptive_max_k (2) is below"),
 ])
 def test_adaptive_settings_that_cannot_work_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_config("configs/tiny/starpo_s_bandit.yaml", ["runtime=ray", "staleness.adaptive=true", *overrides])
+
+
+def test_the_kl_target_bound_cuts_in_proportion_holds_while_it_drains_and_rises_back():
+    bound = KLTargetBound(target=1e-3, start=8, lowest=1, highest=10, patience=2, span=1)  # span 1: no averaging
+    # 4x over the target: the age that gives it is about sqrt(4) = 2x too old, so 8 -> 4; then held for the
+    # 4 steps the old groups take to drain plus the span, however high the KL stays
+    assert bound.update(4e-3) == 4 and "over the target" in bound.reason
+    assert [bound.update(4e-3) for _ in range(4)] == [4, 4, 4, 4] and bound.reason == ""
+    assert bound.update(1.1e-3) == 3  # still over: at least one lower
+    assert [bound.update(None) for _ in range(6)] == [3, 3, 3, 3, 3, 3]  # nothing stale: nothing decided
+    # under half the target for `patience` steps in a row: one up (between half and the target: no change)
+    assert [bound.update(x) for x in (4e-4, 7e-4, 4e-4, 4e-4, 4e-4, 4e-4)] == [3, 3, 3, 4, 4, 5]
+    assert "under half the target" in bound.reason
+    for _ in range(30):
+        bound.update(1e-5)
+    assert bound.max_staleness == 10  # never above `highest`
+    restored = KLTargetBound(1e-3, 8, 1, 10, 2, span=1)
+    restored.restore(bound.state())
+    assert restored.state() == bound.state() and restored.update(0.5) == bound.update(0.5) == 1  # never below 1
+    with pytest.raises(ValueError):
+        KLTargetBound(target=1e-3, start=4, highest=2)
+
+
+def test_the_kl_average_smooths_a_single_spike():
+    bound = KLTargetBound(target=1e-3, start=4, span=5)
+    assert [bound.update(x) for x in (5e-4, 5e-4, 3e-3)] == [4, 4, 4]  # one step 3x over: the average is not
+    assert bound.kl == pytest.approx(math.exp((math.log(3e-3) + 2 * math.log(5e-4)) / 3))
+    assert bound.update(3e-3) == 3  # two are
+
+
+def test_kl_rise_fires_on_a_rise_against_the_runs_own_level_and_survives_a_checkpoint():
+    rng = np.random.default_rng(0)
+    level = [float(math.exp(rng.normal(math.log(1e-3), 0.3))) for _ in range(40)]
+    warning, fired = EarlyWarning(), []
+    for kl in level + [2e-2] * 3:
+        fired.append("kl_rise" in warning.update({"stale/k3_kl": kl}))
+    assert not any(fired[:15])  # the warm-up: nothing to compare with yet
+    assert fired[-3:] == [True, True, True] and sum(fired[:40]) <= 3
+    copy = EarlyWarning()
+    copy.restore(json.loads(json.dumps(warning.state())))
+    step = {"stale/k3_kl": 1e-3}
+    assert copy.update(dict(step)) == warning.update(dict(step))
+    fresh = EarlyWarning()  # a checkpoint written before kl_rise existed
+    fresh.restore({k: v for k, v in warning.state().items() if not k.startswith("kl_")})
+    assert fresh.kl_average is None and not fresh.kl_history
+
+
+def test_the_loop_holds_the_stale_kl_under_its_target_and_logs_why_the_bound_moved(tmp_path, caplog):
+    cfg = load_config("configs/tiny/starpo_s_bandit.yaml", [
+        f"run_root={tmp_path}", "runtime=ray", "staleness.max_staleness=4", "staleness.adaptive=true",
+        "staleness.kl_target=0.001", "staleness.adaptive_max_k=6", "staleness.adaptive_patience=2",
+        "staleness.adaptive_min_k=1", "logging.console=false"])
+    runtime = StubRuntime(4)
+    trainer = Trainer(cfg, RunDir.create(cfg), MemorySink(), runtime)
+    assert isinstance(trainer.bound, KLTargetBound)
+    records = [stale_step(kl, 0.9) for kl in (1e-4, 1e-4, 1e-4, 1e-4, 1e-4, 5e-2, 5e-2, 5e-2)]
+    with caplog.at_level("INFO", logger="ragen_async.orchestrator"):
+        for r in records:
+            asyncio.run(trainer.adapt(r))
+    # two quiet steps each: 4 -> 5 -> 6 (the top); then the average climbs over the target and the bound is cut
+    assert runtime.admission.moves[:2] == [5, 6] and runtime.admission.moves[2] < 6
+    assert [r["staleness/bound_change"] for r in records][:5] == [0, 1, 0, 1, 0]
+    assert all(r["staleness/controller_kl"] > 0 for r in records)
+    assert "over the target" in caplog.text and "under half the target" in caplog.text
+    assert trainer.buffer.max_staleness == runtime.admission.controller.max_staleness == runtime.admission.moves[-1]

@@ -17,8 +17,9 @@ from ragen_async.cli import app
 from ragen_async.config import load_config
 from ragen_async.metrics import MemorySink
 from ragen_async.orchestrator import Trainer
-from ragen_async.provenance import audit_in_order, read_provenance
+from ragen_async.provenance import audit_in_order, audit_staleness, bounds_from_metrics, read_provenance
 from ragen_async.rundir import RunDir
+from ragen_async.staleness import AdaptiveBound
 from tests.test_buffer import make_group, plain_buffer
 from tests.test_loop import SimRuntime
 
@@ -247,9 +248,10 @@ def test_under_the_adaptive_bound_only_a_tightening_explains_a_drop():
 def _tick_run(k: int, tighten_to: int | None = None, at_version: int = 8, steps: int = 24, seed: int = 0):
     """Six slots (slot 0 pathologically slow) play groups the controller admits, each turn at the version its
     engine serves; the learner takes in-order batches. With ``tighten_to`` the bound drops from k to it when
-    the learner reaches ``at_version`` (in the buffer and at admission together, as the loop does). Returns
-    the drops, the consumed indices per step, each consumed group's staleness against the bound in force, and
-    the first index admitted under the tightened bound."""
+    the learner reaches ``at_version`` (at admission, then in the buffer from the first index admitted under it,
+    as the loop does). Returns the drops, the consumed indices per step, each consumed group's staleness against
+    the bound it was admitted under, the first index admitted under the tightened bound, and the staleness of
+    the groups admitted before it that were trained after it."""
     from ragen_async.buffer import TrajectoryBuffer
     from ragen_async.staleness import AdmissionController
     from tests.test_buffer import advance_slots
@@ -258,7 +260,7 @@ def _tick_run(k: int, tighten_to: int | None = None, at_version: int = 8, steps:
     ctrl = AdmissionController(k, 2)
     buf = TrajectoryBuffer(2, k, filter_mode="none", filter_ratio=1.0, norm_mode="mean_std", consume="in_order")
     engine, publish_at, slots = 0, None, [None] * 6
-    learner, done_at, batches, over, drops, first_tight = 0, None, [], [], [], None
+    learner, done_at, batches, over, drops, first_tight, late = 0, None, [], [], [], None, []
     for tick in range(50_000):
         if publish_at is not None and tick >= publish_at:
             engine, publish_at = learner, None
@@ -268,15 +270,16 @@ def _tick_run(k: int, tighten_to: int | None = None, at_version: int = 8, steps:
             learner, done_at = learner + 1, None
             publish_at = tick + int(rng.integers(0, 4))
             if tighten_to is not None and learner == at_version:
-                buf.set_max_staleness(tighten_to)
-                ctrl.set_max_staleness(tighten_to)
-                first_tight = ctrl.groups_admitted
+                first_tight = ctrl.set_max_staleness(tighten_to)
+                buf.set_max_staleness(tighten_to, from_index=first_tight)
             if learner == steps:
                 break
         if done_at is None and buf.ready(learner, now=float(tick)):
             batch = buf.next_batch(learner, learner, now=float(tick))
             batches.append(batch.indices)
-            over += [learner - t.oldest_version - buf.max_staleness for g in batch.groups for t in g.trajectories]
+            over += [learner - t.oldest_version - buf.bound_of(g.index) for g in batch.groups for t in g.trajectories]
+            late += [learner - t.oldest_version for g in batch.groups if g.index < (first_tight or 0)
+                     for t in g.trajectories if learner > at_version]
             ctrl.on_consumed(batch.indices)
             done_at = tick + int(rng.integers(1, 6))
         new = buf.drain_drops()
@@ -284,21 +287,89 @@ def _tick_run(k: int, tighten_to: int | None = None, at_version: int = 8, steps:
         ctrl.on_dropped([d.index for d in new])
     else:
         raise AssertionError("the learner starved")
-    return drops, batches, over, first_tight
+    return drops, batches, over, first_tight, late
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_fixed_bound_drops_nothing_even_behind_a_pathologically_slow_slot(seed):
-    drops, batches, over, _ = _tick_run(K, seed=seed)
+    drops, batches, over, *_ = _tick_run(K, seed=seed)
     assert drops == [] and max(over) <= 0
     flat = [i for b in batches for i in b]
     assert flat == list(range(len(flat)))  # every index, in order
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_a_tightening_drops_only_groups_admitted_under_the_looser_bound(seed):
-    drops, batches, over, first_tight = _tick_run(4, tighten_to=1, seed=seed)
-    assert drops and max(over) <= 0  # every consumed group within the bound in force when consumed
-    assert all(d.index < first_tight for d in drops)  # nothing admitted after the tightening was dropped
+def test_a_tightening_drops_nothing_each_group_keeps_the_bound_it_was_admitted_under(seed):
+    drops, batches, over, first_tight, late = _tick_run(4, tighten_to=1, seed=seed)
+    assert drops == [] and max(over) <= 0  # every consumed group within the bound it was admitted under
+    assert max(late) > 1  # groups admitted under 4 were trained after the bound fell to 1, older than 1
     flat = [i for b in batches for i in b]
-    assert flat == sorted(flat) and sorted(flat + [d.index for d in drops]) == list(range(len(flat) + len(drops)))
+    assert flat == list(range(len(flat)))  # every index, in order
+
+
+# ----------------------------------------------------------------------------------------------------
+# A moving bound: in order, each group keeps the bound it was admitted under
+
+
+def test_a_tightened_bound_holds_only_groups_admitted_after_it():
+    buf = plain_buffer(2, max_staleness=4, consume="in_order")
+    buf.set_max_staleness(1, from_index=4)  # indices 0-3 were admitted under 4
+    assert [buf.bound_of(i) for i in (0, 3, 4, 9)] == [4, 4, 1, 1]
+    for i in range(4):
+        buf.add(make_group(i, version=0), learner_version=3, now=0.0)  # 3 versions old: within its own bound
+    assert buf.ready(3) and buf.next_batch(3, step=4, now=0.0).indices == [0, 1]
+    buf.add(make_group(4, version=0), learner_version=3, now=0.0)  # admitted under 1: too old
+    assert [(d.index, d.bound) for d in buf.drain_drops()] == [(4, 1)]
+    assert buf.bounds_state() == [[0, 4], [4, 1]]
+    copy = plain_buffer(2, max_staleness=4, consume="in_order")
+    copy.restore_bounds(buf.bounds_state())
+    assert (copy.max_staleness, copy.bound_of(3), copy.bound_of(4)) == (1, 4, 1)
+    arrival = plain_buffer(2, max_staleness=4)
+    arrival.set_max_staleness(1, from_index=4)  # arrival order does not know what a group was admitted under
+    assert arrival.bound_of(0) == 1
+
+
+class ScriptedBound(AdaptiveBound):
+    """The adaptive bound, moved by a script instead of by warnings: ``script[n]`` after the n-th step."""
+
+    def __init__(self, script: dict[int, int]):
+        super().__init__(start=4)
+        self.script, self.steps = script, 0
+
+    def update(self, warned: bool) -> int | None:
+        self.steps += 1
+        before = self.max_staleness
+        self.max_staleness = self.script.get(self.steps, before)
+        self.reason = "scripted" if self.max_staleness != before else ""
+        return self.max_staleness
+
+
+def test_in_order_drops_nothing_while_the_bound_moves_and_the_audit_checks_each_groups_own_bound(tmp_path):
+    """Tightenings from 4 to 1 and back: nothing dropped (a group admitted under 4 may still be trained at age
+    4 after the bound fell to 1), each group's recorded bound is the one it was admitted under, and the audit
+    checks staleness against it; a record that claims a looser bound than any in force is caught."""
+    cfg = load_config(None, [f"run_root={tmp_path}", "runtime=ray", "total_steps=40", "validation.every=0",
+                             "staleness.max_staleness=4", "staleness.adaptive=true", "staleness.consume=in_order",
+                             "algo.filter_mode=std", "algo.filter_ratio=0.5",
+                             f"rollout.envs=[{{tag: Bandit, n_groups: {B}}}]", "rollout.group_size=2",
+                             "learner.num_ranks=1", "logging.console=false"])
+    runtime = DyingProducers(4, groups_per_step=B, producers=12, seed=3, deaths=(300,))
+    run_dir, sink = RunDir.create(cfg), MemorySink()
+    trainer = Trainer(cfg, run_dir, sink, runtime)
+    trainer.bound = ScriptedBound({8: 1, 20: 3, 26: 1})
+    asyncio.run(trainer.run())
+    trainer.close()
+    provenance = read_provenance(run_dir.path / "provenance.jsonl")
+    assert runtime.admission.controller.groups_dropped == trainer.buffer.dropped_total == 0
+    groups = [(p["learner_version"] - g["min_version"], g["bound"], p["step"]) for p in provenance for g in p["groups"]]
+    assert all(age <= bound for age, bound, _ in groups)
+    assert any(age > 1 and step > 9 and bound == 4 for age, bound, step in groups)  # drained under its own bound
+    changes = [r["staleness/bound_change"] for r in sink.records if "staleness/bound_change" in r]
+    assert changes.count(-1.0) == 2 and changes.count(1.0) == 1
+    bounds = bounds_from_metrics(sink.records)
+    assert audit_staleness(provenance, 4, adaptive=True, bounds=bounds)["violations"] == []
+    assert audit_in_order(provenance, 4, adaptive=True, bounds=bounds)["drops"] == []
+    forged = json.loads(json.dumps(provenance))
+    forged[-1]["groups"][0]["bound"] = 9  # looser than any bound in force
+    (violation,) = audit_staleness(forged, 4, adaptive=True, bounds=bounds)["violations"]
+    assert violation["rule"] == "admitted_bound"

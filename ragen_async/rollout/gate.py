@@ -59,9 +59,10 @@ class AdmissionGate:
         self.controller.set_published_version(version)
         self._wake()
 
-    async def set_max_staleness(self, k: int | None) -> None:
-        self.controller.set_max_staleness(k)
+    async def set_max_staleness(self, k: int | None) -> int:
+        first = self.controller.set_max_staleness(k)
         self._wake()
+        return first
 
     async def abandon(self, owner: str) -> list[int]:
         lost = self.controller.abandon(owner)

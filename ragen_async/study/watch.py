@@ -26,9 +26,15 @@ CURVES = (
     ("actor/entropy", "entropy", False),
     ("actor/grad_norm", "grad norm", False),
     ("staleness/mean", "staleness (versions)", False),
+    ("staleness/max_staleness", "staleness bound (adaptive)", False),
+    ("staleness/controller_kl", "stale KL (controller)", False),
     ("throughput/tokens_per_s", "tokens/s", False),
 )
 """(metric, label, from the validation records)."""
+ADAPTIVE_ONLY = {"staleness/max_staleness", "staleness/controller_kl"}
+"""Rows shown only for a run whose bound moves (it logs ``staleness/bound_change``)."""
+SHOWN_MOVES = 4
+"""How many of the bound's latest moves the status lines name."""
 BLOCKS = "▁▂▃▄▅▆▇█"
 
 
@@ -58,9 +64,11 @@ def render(run_dir: Path, width: int = 30) -> Group:
     table.add_column(f"last {width} points", no_wrap=True, min_width=width)
     for column in ("min", "max", "latest"):
         table.add_column(column, justify="right", no_wrap=True)
+    adaptive = run.series("staleness/bound_change")[1].size > 0
     for key, label, validation in CURVES:
         _, values = run.series(key, validation=validation)
-        if not values.size:
+        values = values[np.isfinite(values)] if key in ADAPTIVE_ONLY else values
+        if not values.size or (key in ADAPTIVE_ONLY and not adaptive):
             continue
         table.add_row(label, sparkline(values, width), *(_number(v) for v in (values.min(), values.max(), values[-1])))
     steps = run.last_step
@@ -72,7 +80,36 @@ def render(run_dir: Path, width: int = 30) -> Group:
               else Text("no collapse alert", style="green"))
     if not run.train and not run.val:
         return Group(header, Text("no metrics yet", style="yellow"))
+    moves = bound_moves(run)[-SHOWN_MOVES:]
+    if moves:
+        return Group(header, table, status, Text("bound moves: " + "; ".join(moves), style="cyan"))
     return Group(header, table, status)
+
+
+def bound_moves(run: RunData) -> list[str]:
+    """Each move of the adaptive bound with its reason as the run's metrics give it: the bound it came to, and
+    what the controller read at that step (the averaged stale KL, or the warnings that fired), oldest first."""
+    steps, change = run.series("staleness/bound_change")
+    if not steps.size:
+        return []
+    series = {key: dict(zip(*run.series(key), strict=True)) for key in
+              ("staleness/max_staleness", "staleness/controller_kl")}
+    warned = {key.removeprefix("warning/"): dict(zip(*run.series(key), strict=True))
+              for key in {k for r in run.train for k in r} if key.startswith("warning/")}
+    bounds = series["staleness/max_staleness"]
+    out = []
+    for step, c in zip(steps, change, strict=True):
+        if not c:
+            continue
+        after = bounds.get(step + 1, math.nan)  # the bound is logged with the step it applies to
+        kl = series["staleness/controller_kl"].get(step)
+        if kl is not None and math.isfinite(kl):
+            why = f"stale KL {kl:.2g}"
+        else:
+            why = ", ".join(sorted(s for s, fired in warned.items() if fired.get(step))) or "quiet"
+        to = "unbounded" if not math.isfinite(after) and c > 0 else "?" if not math.isfinite(after) else f"{after:.0f}"
+        out.append(f"step {int(step)} {'up' if c > 0 else 'down'} to {to} ({why})")
+    return out
 
 
 def watch(run_dir: Path, interval_s: float = 5.0, width: int = 30, once: bool = False) -> None:

@@ -65,7 +65,7 @@ def test_lead_time_counts_steps_from_the_first_warning_to_the_collapse():
               "grad_norm": (steps, np.where(steps == 25, 10.0, 1.0))}
     lead = study.lead_times(series, 20)
     assert lead == {"reward_std": 7, "entropy": None, "grad_norm": None,  # the spike came after the fall
-                    "stale_kl": None, "stale_ess": None}  # not logged
+                    "stale_kl": None, "stale_ess": None, "kl_rise": None}  # not logged
     # A run without an event (no fall, no degradation) has no lead.
     assert study.lead_times(series, None) == dict.fromkeys(SIGNALS)
     # Only firings within the horizon before the fall count: reward std first fired at 13, 17 steps ahead.

@@ -35,3 +35,25 @@ def test_watch_explains_an_empty_or_missing_run(tmp_path):
     assert result.exit_code == 0 and "no metrics yet" in result.output
     result = CliRunner().invoke(app, ["watch", str(tmp_path / "missing"), "--once"])
     assert result.exit_code == 2 and "not a directory" in result.output
+
+
+def test_watch_shows_the_adaptive_bound_and_why_it_moved(tmp_path, make_run):
+    run = make_run(tmp_path / "controller-s0", steps=20, k=4)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    bounds = {s: 4 for s in range(1, 21)} | {s: 2 for s in range(8, 15)} | {s: 3 for s in range(15, 21)}
+    for r in records:
+        step = r.get("learner/step")
+        if "staleness/mean" in r:  # a training record
+            r.update({"staleness/max_staleness": float(bounds[step]), "staleness/controller_kl": 1e-3,
+                      "staleness/bound_change": float((step == 7) * -1 + (step == 14) * 1), "warning/kl_rise": 0.0})
+            if step == 7:
+                r["staleness/controller_kl"] = 3.2e-3
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = CliRunner().invoke(app, ["watch", str(run), "--once", "--width", "30"])
+    assert result.exit_code == 0, result.output
+    assert "staleness bound (adaptive)" in result.output and "stale KL (controller)" in result.output
+    assert "bound moves: step 7 down to 2 (stale KL 0.0032); step 14 up to 3 (stale KL 0.001)" in " ".join(
+        result.output.split())
+    fixed = make_run(tmp_path / "k4-s0", steps=5, k=4)
+    result = CliRunner().invoke(app, ["watch", str(fixed), "--once"])
+    assert "staleness bound" not in result.output and "bound moves" not in result.output
