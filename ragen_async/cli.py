@@ -688,9 +688,9 @@ def report(
     confirm: Annotated[bool, typer.Option(
         "--confirm", help="add the confirmation's verdicts (studies/confirm/PREDICTIONS.md: H1-H8 on Sokoban, F0-F4 "
         "on FrozenLake, C0-C4 on Countdown, each held, failed, pending or not run) and its figure beside the study's cells")] = False,
-    registered: Annotated[Path | None, typer.Option(
-        "--registered", help="a predictions spec (YAML; ragen_async/study/report/registered.py): decide each of its "
-        "predictions on the runs, by its rule")] = None,
+    registered: Annotated[list[Path] | None, typer.Option(
+        "--registered", help="a predictions spec (YAML; ragen_async/study/report/registered.py), repeatable: decide "
+        "each of its predictions on the runs, by its rule")] = None,
 ) -> None:
     """Write report.md, summary.csv and staleness/stability plots for runs or sweeps."""
     from ragen_async.bench.pipeline import parse_k

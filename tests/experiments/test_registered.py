@@ -83,7 +83,11 @@ def test_a_cell_without_two_runs_is_pending_and_one_without_three_interim(tmp_pa
     ({"families": [{"task": "SimpleSokoban", "predictions": [{"name": "N1", "welch": ["1e-4/k0", "fast/k2"]}]}]},
      "'fast' is not a learning rate"),
     ({"families": [{"task": "SimpleSokoban", "predictions": [{"name": "N1", "welch": ["1e-4/k0", "1e-4/two"]}]}]},
-     "the bound is k0, k<n> or kinf"),
+     "the bound is k0, k<n>, kinf or adaptive"),
+    ({"families": [{"task": "SimpleSokoban", "predictions": [
+        {"name": "G", "age_at_least": ["1e-4/adaptive", "1e-4/kinf"]}]}]}, "age_at_least takes [cell, of, fraction > 0]"),
+    ({"families": [{"task": "SimpleSokoban", "predictions": [{"name": "G", "all_of": ["N9"]}]}]},
+     "all_of names no prediction of its family: N9"),
     ({"families": [{"task": "SimpleSokoban", "predictions": [
         {"name": "N1", "slope": ["1e-4/k0", "1e-4/k2"]}, {"name": "N1", "slope": ["1e-4/k0", "1e-4/k2"]}]}]},
      "unique name"),
@@ -102,3 +106,55 @@ def test_the_new_level_spec_reads_and_the_report_prints_its_section(tmp_path, ma
     text = (tmp_path / "out" / "report.md").read_text()
     assert "## Registered predictions: New levels" in text and "| N3 |" in text and "pending" in text
     assert report.summaries
+    controller = load_spec(REPO / "studies" / "newlevels" / "controller.yaml")
+    assert [p.name for f in controller.families for p in f.predictions] == [
+        "Ga1", "Ga2", "Ga3", "Ga", "Gb", "Gd1", "Gd2", "K1", "Gc", "Gd3", "K2"]
+    write_report([tmp_path / "runs"], tmp_path / "both", registered=[
+        REPO / "studies/newlevels/predictions.yaml", REPO / "studies/newlevels/controller.yaml"])
+    text = (tmp_path / "both" / "report.md").read_text()
+    assert "## Registered predictions: New levels" in text and "## Registered predictions: The KL-target" in text
+
+
+GOALS = {"name": "goals", "seeds": list(SEEDS), "alpha": 0.05, "decide_on": "holm", "families": [
+    {"name": "Sokoban", "task": "SimpleSokoban", "floor": 0.18, "predictions": [
+        {"name": "N4", "claim": "a test beside the goals", "welch": ["2e-4/k0", "2e-4/kinf"]},
+        {"name": "Ga1", "claim": "no fall", "no_falls": "2e-4/adaptive"},
+        {"name": "Ga2", "claim": "M", "mean_at_least": ["2e-4/adaptive", "2e-4/k4"]},
+        {"name": "Ga3", "claim": "age", "age_at_least": ["2e-4/adaptive", "2e-4/kinf", 0.5]},
+        {"name": "Ga", "claim": "all three", "all_of": ["Ga1", "Ga2", "Ga3"]},
+        {"name": "Gd", "claim": "drops", "drops_at_most": ["2e-4/adaptive", 0.02]}]}]}
+
+
+def _controller_runs(root, make_run, *, age, level, fall_seed=None, dropped_seed=None):
+    for seed in SEEDS:
+        falls = seed == fall_seed
+        make_run(root / f"controller-s{seed}", k=4, seed=seed, envs=("SimpleSokoban",),
+                 extra={step: {"staleness/mean": age, "rollout/groups": 8.0,
+                               "staleness/dropped_groups": 4.0 * (seed == dropped_seed and step == 1)}
+                        for step in range(1, 21)},
+                 val_curve=lambda step, total, v=level, f=falls: 0.36 if step == 0 else (0.1 if f and step >= 10 else v),
+                 config={"staleness": {"max_staleness": 4, "adaptive": True, "kl_target": 2e-3},
+                         "learner": {"actor_lr": 2e-4}})
+
+
+def test_a_goal_is_decided_on_point_values_outside_the_holm_family(tmp_path, make_run):
+    levels = {(2e-4, "k0"): 0.45, (2e-4, "k4"): 0.40, (2e-4, "kinf"): 0.30}
+    _runs(tmp_path / "met", make_run, levels)  # kinf's Age is 10: half is 5
+    _controller_runs(tmp_path / "met", make_run, age=6.0, level=0.41)
+    runs, _ = find_runs([tmp_path / "met"])
+    report = write_report([tmp_path / "met"], tmp_path / "out", registered=None)
+    summaries = {s.name: s for s in report.summaries}
+    got = {o.name: o for o in decide(_spec(tmp_path, GOALS), list(summaries.values()), runs)}
+    assert [got[n].verdict for n in ("Ga1", "Ga2", "Ga3", "Ga", "Gd")] == ["held"] * 5
+    assert got["Ga3"].statistic == "Age 2e-4/adaptive 6.00 against 0.5 x 2e-4/kinf 10.00 = 5.00"
+    assert got["Ga1"].statistic == "2e-4/adaptive: 0 of 3 fell" and got["N4"].verdict == "held"
+    assert all(o.p != o.p for n, o in got.items() if n.startswith("G"))  # no p: not in the Holm family
+
+    _runs(tmp_path / "missed", make_run, levels)
+    _controller_runs(tmp_path / "missed", make_run, age=4.0, level=0.41, fall_seed=7, dropped_seed=8)
+    runs, _ = find_runs([tmp_path / "missed"])
+    report = write_report([tmp_path / "missed"], tmp_path / "out2", registered=None)
+    got = {o.name: o for o in decide(_spec(tmp_path, GOALS), report.summaries, runs)}
+    assert [got[n].verdict for n in ("Ga1", "Ga3", "Ga", "Gd")] == ["failed"] * 4
+    assert got["Ga1"].statistic == "2e-4/adaptive: 1 of 3 fell"
+    assert got["Gd"].statistic.startswith("2e-4/adaptive: largest share dropped 0.024")

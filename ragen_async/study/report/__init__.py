@@ -81,7 +81,7 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
                  smooth: int = 1, title: str | None = None, baselines: dict[str, float] | None = None,
                  collapse_floor: float = 0.0, throughput: dict[int | None, float] | None = None,
                  references: dict[str, str | Path] | None = None, confirm: bool = False,
-                 registered: str | Path | None = None) -> Report:
+                 registered: str | Path | Sequence[str | Path] | None = None) -> Report:
     """Read every run under ``paths`` and write ``report.md``, ``summary.csv`` and the plots into ``out``;
     ``baselines`` (name -> validation success, e.g. the random and oracle policies) are drawn as lines
     on every validation-success plot; ``collapse_floor`` is the success a fall is measured towards
@@ -89,13 +89,14 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
     ``throughput`` (k, ``None`` = unbounded -> groups/s measured by ``bench pipeline``) adds the
     equal-time table; ``references`` (name -> cells CSV, :func:`read_reference`) adds the figure of success
     against measured lag beside them; ``confirm`` adds the confirmation's verdicts (:mod:`.confirm`);
-    ``registered`` (a predictions spec) each of its predictions decided on the runs (:mod:`.registered`)."""
-    spec = None
-    if registered is not None:
-        try:
-            spec = load_spec(registered)
-        except SpecError as e:
-            raise ReportError(str(e)) from None
+    ``registered`` (one predictions spec or several) each of their predictions decided on the runs
+    (:mod:`.registered`)."""
+    if isinstance(registered, (str, Path)):
+        registered = [registered]
+    try:
+        specs = [load_spec(path) for path in registered or ()]
+    except SpecError as e:
+        raise ReportError(str(e)) from None
     reference_frames = {name: read_reference(path) for name, path in (references or {}).items()}
     runs, warnings = find_runs(paths)
     if not runs:
@@ -141,7 +142,7 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
     lines += headline.speed_section(summaries, throughput or {})
     if confirm:
         lines += confirm_section(runs, summaries)
-    if spec is not None:
+    for spec in specs:
         lines += [*registered_section(spec, runs, summaries), ""]
     if plots:
         lines += ["## Curves", ""]

@@ -16,11 +16,21 @@ A spec (``studies/newlevels/predictions.yaml`` is one)::
           - {name: N2, claim: "...", welch: ["1e-4/k0", "1e-4/k2"]}               # M(first) - M(second) > 0
           - {name: N5, claim: "...", gap_of_gaps: [["2e-4/k0", "2e-4/kinf"], ["1e-4/k0", "1e-4/kinf"]]}
 
-A cell is ``<actor lr>/<k0 | k<n> | kinf>``: the finished runs of the family's task at that actor learning rate and
-bound (no correction, no adaptive bound), among the spec's seeds. M is a run's mean validation success after step 0
-(``RunSummary.mean_val``), Age its realised mean age (``staleness_mean``). A prediction whose cells hold fewer than
-two runs each is ``pending``; one decided while a cell holds fewer runs than the spec has seeds is ``held (interim)``
-or ``failed (interim)``.
+Those three are tests (a one-sided p, Holm-adjusted within the family). A goal is decided on point values instead,
+outside the Holm family::
+
+          - {name: Ga1, no_falls: "2e-4/adaptive"}                         # no run of the cell fell
+          - {name: Ga2, mean_at_least: ["2e-4/adaptive", "2e-4/k4"]}       # mean M(first) >= mean M(second)
+          - {name: Ga3, age_at_least: ["2e-4/adaptive", "2e-4/kinf", 0.5]}  # mean Age(first) >= 0.5 mean Age(second)
+          - {name: Gd, drops_at_most: ["2e-4/adaptive", 0.02]}            # every run dropped <= 2 % of its groups
+          - {name: Ga, all_of: [Ga1, Ga2, Ga3]}                           # every named one (same family) held
+
+A cell is ``<actor lr>/<k0 | k<n> | kinf | adaptive>``: the finished runs of the family's task at that actor learning
+rate and bound (no correction; ``adaptive``: the runs whose bound moved, ``staleness.adaptive``), among the spec's
+seeds. M is a run's mean validation success after step 0 (``RunSummary.mean_val``), Age its realised mean age
+(``staleness_mean``), a run's drops its share of generated groups dropped (``drops["drop_share"]``). A prediction
+whose cells hold fewer than two runs each is ``pending``; one decided while a cell holds fewer runs than the spec has
+seeds is ``held (interim)`` or ``failed (interim)``.
 """
 
 from __future__ import annotations
@@ -41,8 +51,11 @@ from ragen_async.study.report.runs import RunData
 from ragen_async.study.report.summary import RunSummary
 from ragen_async.study.report.tables import table
 
-KINDS = ("slope", "welch", "gap_of_gaps")
-"""The statistics a prediction may name (module docstring)."""
+TESTS = ("slope", "welch", "gap_of_gaps")
+"""The tests a prediction may name (module docstring)."""
+POINTS = ("no_falls", "mean_at_least", "age_at_least", "drops_at_most", "all_of")
+"""The point comparisons a goal may name (module docstring)."""
+KINDS = TESTS + POINTS
 
 
 class SpecError(ValueError):
@@ -55,7 +68,9 @@ class Prediction:
     claim: str
     kind: str
     cells: tuple[Any, ...]
-    """``slope``: cell names; ``welch``: (greater, than); ``gap_of_gaps``: ((a, b), (c, d)) for (a - b) - (c - d)."""
+    """``slope``: cell names; ``welch``, ``mean_at_least``: (greater, than); ``gap_of_gaps``: ((a, b), (c, d)) for
+    (a - b) - (c - d); ``no_falls``: (cell,); ``age_at_least``: (cell, of, fraction); ``drops_at_most``: (cell, share);
+    ``all_of``: prediction names."""
 
 
 @dataclass(frozen=True)
@@ -94,20 +109,41 @@ def _cell_names(kind: str, value: Any, where: str) -> tuple[Any, ...]:
             float(lr)
         except ValueError:
             raise SpecError(f"{where}: {cell!r}: {lr!r} is not a learning rate") from None
-        if k != "kinf" and not (k.startswith("k") and k[1:].isdigit()):
-            raise SpecError(f"{where}: {cell!r}: the bound is k0, k<n> or kinf")
+        if k not in ("kinf", "adaptive") and not (k.startswith("k") and k[1:].isdigit()):
+            raise SpecError(f"{where}: {cell!r}: the bound is k0, k<n>, kinf or adaptive")
         return cell
+
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
 
     shapes = {"slope": lambda v: isinstance(v, list) and len(v) >= 2,
               "welch": lambda v: isinstance(v, list) and len(v) == 2,
               "gap_of_gaps": lambda v: isinstance(v, list) and len(v) == 2
-              and all(isinstance(p, list) and len(p) == 2 for p in v)}
+              and all(isinstance(p, list) and len(p) == 2 for p in v),
+              "no_falls": lambda v: isinstance(v, str),
+              "mean_at_least": lambda v: isinstance(v, list) and len(v) == 2,
+              "age_at_least": lambda v: isinstance(v, list) and len(v) == 3 and number(v[2]),
+              "drops_at_most": lambda v: isinstance(v, list) and len(v) == 2 and number(v[1]),
+              "all_of": lambda v: isinstance(v, list) and v and all(isinstance(n, str) for n in v)}
     if not shapes[kind](value):
         raise SpecError(f"{where}: {kind} takes " + {"slope": "a list of two or more cells",
                                                       "welch": "[greater, than]",
-                                                      "gap_of_gaps": "[[a, b], [c, d]]"}[kind])
+                                                      "gap_of_gaps": "[[a, b], [c, d]]",
+                                                      "no_falls": "a cell",
+                                                      "mean_at_least": "[greater, than]",
+                                                      "age_at_least": "[cell, of, fraction > 0]",
+                                                      "drops_at_most": "[cell, share > 0]",
+                                                      "all_of": "a list of prediction names"}[kind])
     if kind == "gap_of_gaps":
         return tuple(tuple(name(c) for c in pair) for pair in value)
+    if kind == "no_falls":
+        return (name(value),)
+    if kind == "age_at_least":
+        return name(value[0]), name(value[1]), float(value[2])
+    if kind == "drops_at_most":
+        return name(value[0]), float(value[1])
+    if kind == "all_of":
+        return tuple(value)
     return tuple(name(c) for c in value)
 
 
@@ -137,14 +173,20 @@ def load_spec(path: str | Path) -> Spec:
             raise SpecError(f"{path}: family {f.get('name', '?')!r} needs a task and predictions")
         families.append(Family(str(f.get("name", f["task"])), str(f["task"]), float(f.get("floor", 0.0)),
                                tuple(predictions)))
+    for family in families:
+        own = {p.name for p in family.predictions if p.kind != "all_of"}
+        for p in family.predictions:
+            unknown = [n for n in p.cells if p.kind == "all_of" and n not in own]
+            if unknown:
+                raise SpecError(f"{path}: {p.name}: all_of names no prediction of its family: {', '.join(unknown)}")
     return Spec(str(data.get("name", Path(path).stem)), tuple(int(s) for s in data.get("seeds") or ()),
                 float(data.get("alpha", 0.05)), decide_on, tuple(families))
 
 
 def _label(s: RunSummary) -> str | None:
-    if not s.finished or s.off_policy != "none" or s.lag != "bounded":
+    if not s.finished or s.off_policy != "none" or s.lag not in ("bounded", "adaptive"):
         return None
-    return "kinf" if s.k is None else f"k{s.k}"
+    return "adaptive" if s.lag == "adaptive" else "kinf" if s.k is None else f"k{s.k}"
 
 
 def cells(spec: Spec, family: Family, summaries: Sequence[RunSummary]) -> dict[str, list[RunSummary]]:
@@ -163,7 +205,10 @@ def cells(spec: Spec, family: Family, summaries: Sequence[RunSummary]) -> dict[s
 
 
 def _flat(p: Prediction) -> list[str]:
-    return [c for item in p.cells for c in (item if isinstance(item, tuple) else (item,))]
+    """The cells a prediction reads (none for ``all_of``)."""
+    if p.kind == "all_of":
+        return []
+    return [c for item in p.cells for c in (item if isinstance(item, tuple) else (item,)) if isinstance(c, str)]
 
 
 def _m(members: Sequence[RunSummary]) -> np.ndarray:
@@ -196,13 +241,36 @@ def _statistic(p: Prediction, c: dict[str, list[RunSummary]]) -> tuple[str, floa
             float(scipy_stats.t.sf(d / se, df)))
 
 
-def decide(spec: Spec, summaries: Sequence[RunSummary]) -> list[Outcome]:
-    """Every prediction of ``spec`` decided on ``summaries`` by the spec's rule."""
+def _point(p: Prediction, c: dict[str, list[RunSummary]], falls: dict[str, int]) -> tuple[str, bool]:
+    """A goal's point comparison in words and whether it holds."""
+    if p.kind == "no_falls":
+        (cell,) = p.cells
+        return f"{cell}: {falls[cell]} of {len(c[cell])} fell", falls[cell] == 0
+    if p.kind == "mean_at_least":
+        a, b = (float(_m(c[cell]).mean()) for cell in p.cells)
+        return f"M {p.cells[0]} {a:.3f} against {p.cells[1]} {b:.3f}", a >= b
+    if p.kind == "age_at_least":
+        cell, of, fraction = p.cells
+        a, b = (float(np.mean([s.staleness_mean for s in c[x]])) for x in (cell, of))
+        return f"Age {cell} {a:.2f} against {fraction:g} x {of} {b:.2f} = {fraction * b:.2f}", a >= fraction * b
+    cell, share = p.cells
+    worst = max(s.drops.get("drop_share", math.nan) for s in c[cell])
+    return f"{cell}: largest share dropped {worst:.3f} (at most {share:g})", bool(worst <= share)
+
+
+def decide(spec: Spec, summaries: Sequence[RunSummary], runs: Sequence[RunData] = ()) -> list[Outcome]:
+    """Every prediction of ``spec`` decided on ``summaries`` by the spec's rule (``runs``: their curves, for the
+    falls a ``no_falls`` goal counts)."""
+    by_name = {r.name: r for r in runs}
     out: list[Outcome] = []
     for family in spec.families:
         c = cells(spec, family, summaries)
+        falls = {cell: sum(1 for s in members if s.name in by_name and
+                           find_collapse(*by_name[s.name].val_success(), floor=family.floor).fell is not None)
+                 for cell, members in c.items()}
+        tests = [p for p in family.predictions if p.kind in TESTS]
         rows = []
-        for p in family.predictions:
+        for p in tests:
             counts = [len(c[cell]) for cell in _flat(p)]
             if min(counts) < 2:
                 rows.append((p, "cells: " + ", ".join(f"{cell} {n}" for cell, n in zip(_flat(p), counts,
@@ -210,17 +278,39 @@ def decide(spec: Spec, summaries: Sequence[RunSummary]) -> list[Outcome]:
             else:
                 rows.append((p, *_statistic(p, c)))
         adjusted = stats.holm([p_value for _, _, p_value in rows])
+        decided: dict[str, Outcome] = {}
         for (p, text, p_value), p_adj in zip(rows, adjusted, strict=True):
             if not math.isfinite(p_value):
                 verdict = "pending"
             else:
                 deciding = p_adj if spec.decide_on == "holm" else p_value
                 verdict = "held" if deciding < spec.alpha else "failed"
-                if spec.seeds and any(len(c[cell]) < len(spec.seeds) for cell in _flat(p)) or \
-                        any(not math.isfinite(q) for q in adjusted):
+                if _interim(spec, p, c) or any(not math.isfinite(q) for q in adjusted):
                     verdict += " (interim)"
-            out.append(Outcome(p.name, p.claim, text, p_value, p_adj, verdict))
+            decided[p.name] = Outcome(p.name, p.claim, text, p_value, p_adj, verdict)
+        for p in family.predictions:
+            if p.kind in TESTS or p.kind == "all_of":
+                continue
+            if min(len(c[cell]) for cell in _flat(p)) < 2:
+                text, verdict = "cells: " + ", ".join(f"{cell} {len(c[cell])}" for cell in _flat(p)), "pending"
+            else:
+                text, holds = _point(p, c, falls)
+                verdict = ("held" if holds else "failed") + (" (interim)" if _interim(spec, p, c) else "")
+            decided[p.name] = Outcome(p.name, p.claim, text, math.nan, math.nan, verdict)
+        for p in family.predictions:
+            if p.kind == "all_of":
+                parts = [decided[n].verdict if n in decided else "pending" for n in p.cells]
+                verdict = ("pending" if any(v == "pending" for v in parts) else
+                           "held" if all(v.startswith("held") for v in parts) else "failed")
+                if verdict != "pending" and any("interim" in v for v in parts):
+                    verdict += " (interim)"
+                decided[p.name] = Outcome(p.name, p.claim, "all of " + ", ".join(p.cells), math.nan, math.nan, verdict)
+        out += [decided[p.name] for p in family.predictions]
     return out
+
+
+def _interim(spec: Spec, p: Prediction, c: dict[str, list[RunSummary]]) -> bool:
+    return bool(spec.seeds) and any(len(c[cell]) < len(spec.seeds) for cell in _flat(p))
 
 
 def cell_lines(spec: Spec, runs: Sequence[RunData], summaries: Sequence[RunSummary]) -> list[str]:
@@ -242,7 +332,7 @@ def cell_lines(spec: Spec, runs: Sequence[RunData], summaries: Sequence[RunSumma
 
 def registered_section(spec: Spec, runs: Sequence[RunData], summaries: Sequence[RunSummary]) -> list[str]:
     """The report's section for ``spec``: its cells, then each prediction's statistic, p, Holm p and verdict."""
-    outcomes = decide(spec, summaries)
+    outcomes = decide(spec, summaries, runs)
     rule = ("Holm-adjusted one-sided p within each family" if spec.decide_on == "holm" else "one-sided p")
     lines = ["", f"## Registered predictions: {spec.name}", "",
              f"Seeds {', '.join(map(str, spec.seeds))}; a prediction holds if its {rule} is below {spec.alpha:g}.",
