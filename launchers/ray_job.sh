@@ -268,7 +268,7 @@ if [[ $forward_key == 1 ]]; then
     [[ -n ${WANDB_API_KEY:-} ]] || die "--forward-wandb-key: WANDB_API_KEY is not set"
     env_vars+=(WANDB_API_KEY "$WANDB_API_KEY")
 fi
-# The studies' run data (over 100 MB, Ray's upload limit) stays home; their pinned warm starts travel.
+# The studies' run directories (all under studies/**/runs/) stay home; their pinned warm starts travel.
 excludes='"/.venv/", "/artifacts/", "/runs/", "/wandb/", "/.git/", "__pycache__/", "*.egg-info/", "/studies/**/runs/"'
 runtime_env="{\"env_vars\": $(json_object "${env_vars[@]}"), \"excludes\": [$excludes]}"
 

@@ -154,6 +154,38 @@ def _check_model(model: ModelConfig) -> None:
 
 
 @app.command()
+def pack(
+    paths: Annotated[list[Path], typer.Argument(help="run directories, sweep directories, or folders holding them")],
+    unfinished: Annotated[bool, typer.Option(
+        "--unfinished", help="also pack runs that stopped before their last step (none may be writing)")] = False,
+) -> None:
+    """Compress runs' metrics.jsonl and provenance.jsonl (gzip, about a tenth of the size) so a study's runs are
+    small enough to commit: report, audit and watch read them packed, and train --resume unpacks them first."""
+    from ragen_async.rundir import pack_run
+    from ragen_async.study.report import find_runs
+
+    runs, warnings = find_runs(paths)
+    for warning in warnings:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    packed = skipped = 0
+    for run in runs:
+        if run.path is None:
+            continue
+        total = run.total_steps
+        if not unfinished and (total is None or run.last_step < total):
+            console.print(f"skipped {run.path}: at step {run.last_step} of {total} (still running or stopped; "
+                          "--unfinished packs it)", highlight=False)
+            skipped += 1
+            continue
+        try:
+            done = pack_run(run.path)
+        except OSError as e:
+            _fail(str(e))
+        packed += bool(done)
+    console.print(f"packed {packed} runs, skipped {skipped}")
+
+
+@app.command()
 def audit(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> None:
     """Account for every group index a run admitted (consumed, dropped and why, or outstanding at its
     latest checkpoint) and check every consumed group's staleness against the bound in force at its step

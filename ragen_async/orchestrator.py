@@ -48,7 +48,7 @@ from ragen_async.metrics import ConsoleSink, JsonlSink, MetricsSink, MultiSink, 
 from ragen_async.protocol import NO_VERSION
 from ragen_async.provenance import ProvenanceLog, rewind_jsonl
 from ragen_async.rollout.worker import rollout_metrics
-from ragen_async.rundir import DRIVER_STATE, RunDir, finalize_checkpoint, refuse_relative, staging_path
+from ragen_async.rundir import DRIVER_STATE, RunDir, finalize_checkpoint, refuse_relative, staging_path, unpack_run
 from ragen_async.runtime import Runtime
 from ragen_async.staleness import AdaptiveBound, KLTargetBound
 from ragen_async.weight_sync.probe import check_probe
@@ -542,6 +542,7 @@ def train(cfg: RunConfig | None = None, *, resume: Path | None = None, runtime: 
         step = -1 if checkpoint is None else int(json.loads((checkpoint / DRIVER_STATE).read_text())["step"])
         if checkpoint is None:
             print(f"{resume} has no checkpoint: training it from the start", flush=True)
+        unpack_run(run_dir.path)  # a packed run (ragen-async pack) appends to its plain records again
         # Records past the checkpoint belong to steps that will run again: rewind them. W&B cannot
         # rewind offline, so it skips the steps it already has (no duplicate points).
         skip_wandb_until = rewind_jsonl(run_dir.metrics_path, step, key="learner/step")

@@ -59,7 +59,10 @@ class ProvenanceLog:
 
 
 def read_provenance(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The records of ``provenance.jsonl``, or of its packed form (``rundir.pack_run``)."""
+    from ragen_async.rundir import read_record
+
+    return [json.loads(line) for line in read_record(Path(path)).splitlines() if line.strip()]
 
 
 def rewind_jsonl(path: Path, step: int, key: str) -> int:
@@ -305,11 +308,11 @@ def audit_run_dir(path: Path) -> RunAudit:
     from pydantic import ValidationError
 
     from ragen_async.config import ConfigError, StalenessConfig, saved_run_config
-    from ragen_async.rundir import DRIVER_STATE, RunDir
+    from ragen_async.rundir import DRIVER_STATE, RunDir, read_record, record_file
 
     rd = RunDir(path)
     checkpoint = rd.latest_checkpoint() if rd.checkpoints.is_dir() else None
-    if checkpoint is None or not (rd.path / "provenance.jsonl").is_file():
+    if checkpoint is None or record_file(rd.path / "provenance.jsonl") is None:
         raise CannotAudit(f"{path} has no complete checkpoint and provenance.jsonl to audit")
     if not rd.config_path.is_file():
         raise CannotAudit(f"{path} has no config.yaml: the staleness bound to audit against is unknown")
@@ -322,9 +325,9 @@ def audit_run_dir(path: Path) -> RunAudit:
     provenance = read_provenance(rd.path / "provenance.jsonl")
     accounting = audit(provenance, state["admission"], step)
     bounds = None
-    if s.adaptive and rd.metrics_path.is_file():
+    if s.adaptive and record_file(rd.metrics_path) is not None:
         records = []
-        for line in rd.metrics_path.read_text().splitlines():
+        for line in read_record(rd.metrics_path).splitlines():
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError:  # a line cut short by a kill

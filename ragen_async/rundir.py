@@ -4,6 +4,10 @@
 ``checkpoints/step_NNNNNN/`` and ``run_state.json`` (e.g. the W&B run id, so a resumed run continues
 the same W&B run).
 
+A finished run's ``metrics.jsonl`` and ``provenance.jsonl`` may be packed (gzip, ``metrics.jsonl.gz``; ``ragen-async
+pack``, :func:`pack_run`) to keep a study's runs small enough to commit; every reader takes either form
+(:func:`record_file`, :func:`read_record`), and a resume unpacks them first (:func:`unpack_run`).
+
 Checkpoints are written atomically: into ``checkpoints/.step_NNNNNN.partial/``, then a ``MANIFEST.json``
 (size and SHA-256 of every file) and the ``COMPLETE`` marker, then one rename to ``step_NNNNNN/``. A
 crash mid-write leaves only a partial directory, never a half-written checkpoint under its final name.
@@ -17,7 +21,9 @@ checkpoint and falls back to the previous one, with a warning, if a file is miss
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
 import json
 import logging
 import os
@@ -38,6 +44,62 @@ COMPLETE = "COMPLETE"
 """The marker of a finished checkpoint: JSON naming the learner ranks and the files they must have written."""
 DRIVER_STATE = "driver_state.json"
 """The driver's part of a checkpoint: its step, the admission state, the budget spent."""
+RECORDS = ("metrics.jsonl", "provenance.jsonl")
+"""The run's records that :func:`pack_run` compresses."""
+PACKED = ".gz"
+"""The suffix of a packed record (``metrics.jsonl.gz``)."""
+
+
+def record_file(path: Path) -> Path | None:
+    """``path`` (``RUN_DIR/metrics.jsonl``), or its packed form when only that exists; ``None`` without either."""
+    packed = path.with_name(path.name + PACKED)
+    return path if path.is_file() else packed if packed.is_file() else None
+
+
+def read_record(path: Path) -> str:
+    """The text of a record, ``path`` or its packed form (:func:`record_file`); ``FileNotFoundError`` without either."""
+    found = record_file(path)
+    if found is None:
+        raise FileNotFoundError(f"{path} (nor {path.name}{PACKED})")
+    if found.suffix == PACKED:
+        return gzip.decompress(found.read_bytes()).decode(errors="replace")
+    return found.read_text(errors="replace")
+
+
+def pack_run(path: Path) -> list[Path]:
+    """Compress a run directory's plain records (:data:`RECORDS`) to ``<name>.gz`` and remove the plain files;
+    returns the packed files. The same content always packs to the same bytes (no name or time in the header),
+    and each file is read back and compared before its plain form goes. A run must not be writing meanwhile."""
+    packed = []
+    for name in RECORDS:
+        plain = Path(path) / name
+        if not plain.is_file():
+            continue
+        data = plain.read_bytes()
+        buffer = io.BytesIO()
+        with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, compresslevel=9, mtime=0) as f:
+            f.write(data)
+        target = plain.with_name(name + PACKED)
+        target.write_bytes(buffer.getvalue())
+        if gzip.decompress(target.read_bytes()) != data:
+            target.unlink()
+            raise OSError(f"{target}: does not read back as {plain}; the plain file is kept")
+        plain.unlink()
+        packed.append(target)
+    return packed
+
+
+def unpack_run(path: Path) -> list[Path]:
+    """Undo :func:`pack_run` where only the packed form exists (a resumed run appends to the plain file)."""
+    restored = []
+    for name in RECORDS:
+        plain = Path(path) / name
+        packed = plain.with_name(name + PACKED)
+        if packed.is_file() and not plain.exists():
+            plain.write_bytes(gzip.decompress(packed.read_bytes()))
+            packed.unlink()
+            restored.append(plain)
+    return restored
 
 
 @dataclass

@@ -15,7 +15,7 @@ from ragen_async.config import load_config
 from ragen_async.inference.fake_engine import FakeEngine
 from ragen_async.metrics import MemorySink
 from ragen_async.orchestrator import run_trainer
-from ragen_async.rundir import RunDir
+from ragen_async.rundir import RunDir, pack_run
 from ragen_async.runtime import LocalRuntime
 
 REQUIRED = ["learner/step", "policy_version", "rollout/success", "rollout/reward_mean",
@@ -166,8 +166,9 @@ def test_sigterm_stops_after_the_current_step_with_a_checkpoint_and_resume_compl
     assert 2 <= step < 8 and steps_logged() == list(range(1, step + 1))
     assert RunDir(path).latest_checkpoint().name == f"step_{step:06d}"
 
+    assert {p.name for p in pack_run(path)} == {"metrics.jsonl.gz", "provenance.jsonl.gz"}  # packed while stopped
     orchestrator.train(None, resume=path, runtime=LocalRuntime(cfg, fake_bandit_engine(chat)))
-    assert steps_logged() == list(range(1, 9))
+    assert steps_logged() == list(range(1, 9)) and not list(path.glob("*.gz"))  # unpacked, then appended to
 
 
 def test_a_sigterm_while_the_runtime_starts_stops_the_run_after_its_first_step(tiny_model_path, tmp_path,

@@ -41,6 +41,7 @@ from scipy import stats as sps
 
 from ragen_async.config import EnvGroupSpec, RunConfig
 from ragen_async.provenance import bounds_from_metrics
+from ragen_async.rundir import read_record, record_file
 from ragen_async.study import stats
 from ragen_async.study.report.runs import MISSING, RunData
 
@@ -61,9 +62,9 @@ class RunDrops:
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    """The records of a JSONL file; unreadable lines (a half-written last one) are skipped."""
+    """The records of a JSONL file or its packed form; unreadable lines (a half-written last one) are skipped."""
     out = []
-    for line in path.read_text(errors="replace").splitlines():
+    for line in read_record(path).splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
@@ -104,7 +105,7 @@ def _bound_at(run: RunData) -> dict[int, int | None] | None:
 def load_drops(run: RunData) -> RunDrops | None:
     """The run's consumed and dropped groups from its ``provenance.jsonl`` (``None`` without one)."""
     path = None if run.path is None else run.path / "provenance.jsonl"
-    if path is None or not path.is_file():
+    if path is None or record_file(path) is None:
         return None
     level = level_of(run)
     adaptive = _bound_at(run)

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from ragen_async.collapse import stale_tokens
 from ragen_async.config import EnvGroupSpec, RunConfig
 from ragen_async.metrics import current_names
+from ragen_async.rundir import PACKED, read_record, record_file
 
 STEP = "learner/step"
 MISSING = "—"
@@ -59,8 +60,8 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """The records of a ``metrics.jsonl`` and warnings about lines that could not be read."""
     warnings: list[str] = []
     try:
-        text = path.read_text(errors="replace")
-    except OSError as e:
+        text = read_record(path)
+    except (OSError, EOFError) as e:
         return [], [f"cannot read {path}: {e}"]
     lines = text.split("\n")
     complete = text.endswith("\n")
@@ -123,7 +124,7 @@ class RunData:
             except yaml.YAMLError:
                 run.warnings.append("config.yaml is not valid YAML; staleness settings unknown")
         metrics = path / "metrics.jsonl"
-        if metrics.is_file():
+        if record_file(metrics) is not None:
             records, problems = read_metrics(metrics)
             run.warnings += problems
             training, validation = [], []
@@ -268,13 +269,14 @@ def find_runs(paths: Sequence[str | Path]) -> tuple[list[RunData], list[str]]:
     for given in map(Path, paths):
         if (given / "sweep.json").is_file():
             add_sweep(given)
-        elif (given / "metrics.jsonl").is_file() or (given / "config.yaml").is_file():
+        elif record_file(given / "metrics.jsonl") is not None or (given / "config.yaml").is_file():
             add(given)
         elif given.is_dir():
             before = len(runs)
             for manifest in sorted(given.rglob("sweep.json")):
                 add_sweep(manifest.parent)
-            for path in sorted({p.parent for p in given.rglob("metrics.jsonl")}):
+            for path in sorted({p.parent for name in ("metrics.jsonl", "metrics.jsonl" + PACKED)
+                                for p in given.rglob(name)}):
                 add(path)
             if len(runs) == before:
                 warnings.append(f"{given}: no run directories (metrics.jsonl) under it")
