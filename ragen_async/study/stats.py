@@ -43,7 +43,7 @@ from scipy import stats
 
 from ragen_async.collapse import SIGNAL_KEYS, SIGNALS, EarlyWarning
 
-__all__ = ["welch_difference", "trend", "predicted_mean", "signal_steps", "reference_band", "degraded_from", "lead_times", "false_alarms", "interval", "error_bar", "t95", "wilson", "bounds",
+__all__ = ["welch_difference", "ratio_interval", "trend", "predicted_mean", "signal_steps", "reference_band", "degraded_from", "lead_times", "false_alarms", "interval", "error_bar", "t95", "wilson", "bounds",
            "cell_table", "format_mean_ci", "format_bounds", "SHARE", "UNIT", "POSITIVE", "COST_MODELS", "ModelFit",
            "cost_models"]
 
@@ -221,6 +221,17 @@ def format_bounds(mean: float, low: float, high: float, spec: str = ".3f") -> st
     if not math.isfinite(mean):
         return "—"
     return f"{mean:{spec}}" if not math.isfinite(low) else f"{mean:{spec}} [{low:{spec}}, {high:{spec}}]"
+
+
+def ratio_interval(values: Sequence[float], reference: Sequence[float]) -> tuple[float, float, float]:
+    """(mean(values) / mean(reference), low, high): a 95 % interval by the delta method on the log of the ratio,
+    with Welch-Satterthwaite degrees of freedom (two or more values a side)."""
+    a, b = np.asarray(values, dtype=float), np.asarray(reference, dtype=float)
+    parts = [a.var(ddof=1) / (a.size * a.mean() ** 2), b.var(ddof=1) / (b.size * b.mean() ** 2)]
+    se = math.sqrt(sum(parts))
+    df = sum(parts) ** 2 / sum(p * p / (n - 1) for p, n in zip(parts, (a.size, b.size), strict=True))
+    r, t = a.mean() / b.mean(), stats.t.ppf(0.975, df)
+    return float(r), float(r * math.exp(-t * se)), float(r * math.exp(t * se))
 
 
 def welch_difference(values: Sequence[float], reference: Sequence[float]) -> tuple[float, float, float]:

@@ -87,7 +87,7 @@ def test_a_cell_without_two_runs_is_pending_and_one_without_three_interim(tmp_pa
     ({"families": [{"task": "SimpleSokoban", "predictions": [
         {"name": "G", "age_at_least": ["1e-4/adaptive", "1e-4/kinf"]}]}]}, "age_at_least takes [cell, of, fraction > 0]"),
     ({"families": [{"task": "SimpleSokoban", "predictions": [{"name": "G", "all_of": ["N9"]}]}]},
-     "all_of names no prediction of its family: N9"),
+     "all_of names no earlier prediction of its family: N9"),
     ({"families": [{"task": "SimpleSokoban", "predictions": [
         {"name": "N1", "slope": ["1e-4/k0", "1e-4/k2"]}, {"name": "N1", "slope": ["1e-4/k0", "1e-4/k2"]}]}]},
      "unique name"),
@@ -101,18 +101,16 @@ def test_the_new_level_spec_reads_and_the_report_prints_its_section(tmp_path, ma
     spec = load_spec(REPO / "studies" / "newlevels" / "predictions.yaml")
     assert spec.seeds == SEEDS and spec.decide_on == "holm"
     assert [p.name for f in spec.families for p in f.predictions] == [f"N{i}" for i in range(1, 9)]
-    _runs(tmp_path / "runs", make_run, LEVELS)
-    report = write_report([tmp_path / "runs"], tmp_path / "out", registered=REPO / "studies/newlevels/predictions.yaml")
-    text = (tmp_path / "out" / "report.md").read_text()
-    assert "## Registered predictions: New levels" in text and "| N3 |" in text and "pending" in text
-    assert report.summaries
     controller = load_spec(REPO / "studies" / "newlevels" / "controller.yaml")
     assert [p.name for f in controller.families for p in f.predictions] == [
         "Ga1", "Ga2", "Ga3", "Ga", "Gb", "Gd1", "Gd2", "K1", "Gc", "Gd3", "K2"]
-    write_report([tmp_path / "runs"], tmp_path / "both", registered=[
+    _runs(tmp_path / "runs", make_run, LEVELS)
+    report = write_report([tmp_path / "runs"], tmp_path / "out", registered=[
         REPO / "studies/newlevels/predictions.yaml", REPO / "studies/newlevels/controller.yaml"])
-    text = (tmp_path / "both" / "report.md").read_text()
-    assert "## Registered predictions: New levels" in text and "## Registered predictions: The KL-target" in text
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "## Registered predictions: New levels" in text and "| N3 |" in text and "pending" in text
+    assert "## Registered predictions: The KL-target" in text and "| Ga |" in text
+    assert report.summaries
 
 
 GOALS = {"name": "goals", "seeds": list(SEEDS), "alpha": 0.05, "decide_on": "holm", "families": [
@@ -137,14 +135,22 @@ def _controller_runs(root, make_run, *, age, level, fall_seed=None, dropped_seed
                          "learner": {"actor_lr": 2e-4}})
 
 
+def _read(root):
+    """The runs under ``root`` and their summaries with the drop figures, as the report computes them."""
+    from ragen_async.study.report import drops
+
+    runs, _ = find_runs([root])
+    summaries = [summarize(r) for r in runs]
+    drops.attach(runs, summaries)
+    return runs, summaries
+
+
 def test_a_goal_is_decided_on_point_values_outside_the_holm_family(tmp_path, make_run):
     levels = {(2e-4, "k0"): 0.45, (2e-4, "k4"): 0.40, (2e-4, "kinf"): 0.30}
     _runs(tmp_path / "met", make_run, levels)  # kinf's Age is 10: half is 5
     _controller_runs(tmp_path / "met", make_run, age=6.0, level=0.41)
-    runs, _ = find_runs([tmp_path / "met"])
-    report = write_report([tmp_path / "met"], tmp_path / "out", registered=None)
-    summaries = {s.name: s for s in report.summaries}
-    got = {o.name: o for o in decide(_spec(tmp_path, GOALS), list(summaries.values()), runs)}
+    runs, summaries = _read(tmp_path / "met")
+    got = {o.name: o for o in decide(_spec(tmp_path, GOALS), summaries, runs)}
     assert [got[n].verdict for n in ("Ga1", "Ga2", "Ga3", "Ga", "Gd")] == ["held"] * 5
     assert got["Ga3"].statistic == "Age 2e-4/adaptive 6.00 against 0.5 x 2e-4/kinf 10.00 = 5.00"
     assert got["Ga1"].statistic == "2e-4/adaptive: 0 of 3 fell" and got["N4"].verdict == "held"
@@ -152,9 +158,23 @@ def test_a_goal_is_decided_on_point_values_outside_the_holm_family(tmp_path, mak
 
     _runs(tmp_path / "missed", make_run, levels)
     _controller_runs(tmp_path / "missed", make_run, age=4.0, level=0.41, fall_seed=7, dropped_seed=8)
-    runs, _ = find_runs([tmp_path / "missed"])
-    report = write_report([tmp_path / "missed"], tmp_path / "out2", registered=None)
-    got = {o.name: o for o in decide(_spec(tmp_path, GOALS), report.summaries, runs)}
+    runs, summaries = _read(tmp_path / "missed")
+    got = {o.name: o for o in decide(_spec(tmp_path, GOALS), summaries, runs)}
     assert [got[n].verdict for n in ("Ga1", "Ga3", "Ga", "Gd")] == ["failed"] * 4
     assert got["Ga1"].statistic == "2e-4/adaptive: 1 of 3 fell"
     assert got["Gd"].statistic.startswith("2e-4/adaptive: largest share dropped 0.024")
+
+
+def test_the_confirmation_as_data_gives_every_verdict_and_p_of_report_confirm():
+    """studies/confirm/predictions.yaml, decided by the one evaluator on the committed runs, against the
+    hand-written study module (``report --confirm``): the same verdict for each of the 18 predictions and the
+    same p and Holm p for each test."""
+    from ragen_async.study.report.confirm import verdicts
+
+    runs, summaries = _read(REPO / "studies" / "confirm")
+    old = {v.name: v for v in verdicts(runs, summaries)}
+    new = {o.name: o for o in decide(load_spec(REPO / "studies" / "confirm" / "predictions.yaml"), summaries, runs)}
+    assert len(old) == 18 and {name: v.verdict for name, v in old.items()} == {name: new[name].verdict for name in old}
+    assert {v.verdict for v in old.values()} == {"held", "failed", "not run"}  # complete: nothing pending
+    for name, v in old.items():
+        assert (v.p, v.p_holm) == pytest.approx((new[name].p, new[name].p_holm), nan_ok=True), name

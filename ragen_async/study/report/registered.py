@@ -24,6 +24,13 @@ outside the Holm family::
           - {name: Ga3, age_at_least: ["2e-4/adaptive", "2e-4/kinf", 0.5]}  # mean Age(first) >= 0.5 mean Age(second)
           - {name: Gd, drops_at_most: ["2e-4/adaptive", 0.02]}            # every run dropped <= 2 % of its groups
           - {name: Ga, all_of: [Ga1, Ga2, Ga3]}                           # every named one (same family) held
+          - {name: H6c, mean_at_least: ["2e-4/adaptive", 0.3753]}         # against a number
+          - {name: F0, gain_at_least: ["1e-4/k0", 0.08]}     # mean gain (last two validations over step 0)
+          - {name: H7, warnings_at_most: ["1e-4/kinf", stale_ess, 1.0]}   # per 100 steps, runs that did not fall
+          - {name: H8, ratio_below: [["1e-4/k2", "1e-4/kinf"], ["1e-4/k0"], 1.15]}  # groups/s, upper end of 95 %
+          - {name: F1, gate: F0, slope: [...]}                            # "not run" when F0 failed
+
+An ``all_of`` fails when one of its parts failed, waits while one is pending, and holds when all held.
 
 A cell is ``<actor lr>/<k0 | k<n> | kinf | adaptive>``: the finished runs of the family's task at that actor learning
 rate and bound (no correction; ``adaptive``: the runs whose bound moved, ``staleness.adaptive``), among the spec's
@@ -45,7 +52,7 @@ import numpy as np
 import yaml
 from scipy import stats as scipy_stats
 
-from ragen_async.collapse import find_collapse
+from ragen_async.collapse import SIGNALS, find_collapse
 from ragen_async.study import stats
 from ragen_async.study.report.runs import RunData
 from ragen_async.study.report.summary import RunSummary
@@ -53,7 +60,8 @@ from ragen_async.study.report.tables import table
 
 TESTS = ("slope", "welch", "gap_of_gaps")
 """The tests a prediction may name (module docstring)."""
-POINTS = ("no_falls", "mean_at_least", "age_at_least", "drops_at_most", "all_of")
+POINTS = ("no_falls", "mean_at_least", "age_at_least", "drops_at_most", "gain_at_least", "warnings_at_most",
+          "ratio_below", "all_of")
 """The point comparisons a goal may name (module docstring)."""
 KINDS = TESTS + POINTS
 
@@ -68,6 +76,8 @@ class Prediction:
     claim: str
     kind: str
     cells: tuple[Any, ...]
+    gate: str | None = None
+    """A prediction of the family that must not have failed for this one to be decided (else ``not run``)."""
     """``slope``: cell names; ``welch``, ``mean_at_least``: (greater, than); ``gap_of_gaps``: ((a, b), (c, d)) for
     (a - b) - (c - d); ``no_falls``: (cell,); ``age_at_least``: (cell, of, fraction); ``drops_at_most``: (cell, share);
     ``all_of``: prediction names."""
@@ -122,6 +132,11 @@ def _cell_names(kind: str, value: Any, where: str) -> tuple[Any, ...]:
               and all(isinstance(p, list) and len(p) == 2 for p in v),
               "no_falls": lambda v: isinstance(v, str),
               "mean_at_least": lambda v: isinstance(v, list) and len(v) == 2,
+              "gain_at_least": lambda v: isinstance(v, list) and len(v) == 2 and isinstance(v[1], (int, float)),
+              "warnings_at_most": lambda v: isinstance(v, list) and len(v) == 3 and isinstance(v[1], str)
+              and number(v[2]),
+              "ratio_below": lambda v: isinstance(v, list) and len(v) == 3 and all(isinstance(x, list) and x for x in v[:2])
+              and number(v[2]),
               "age_at_least": lambda v: isinstance(v, list) and len(v) == 3 and number(v[2]),
               "drops_at_most": lambda v: isinstance(v, list) and len(v) == 2 and number(v[1]),
               "all_of": lambda v: isinstance(v, list) and v and all(isinstance(n, str) for n in v)}
@@ -130,7 +145,10 @@ def _cell_names(kind: str, value: Any, where: str) -> tuple[Any, ...]:
                                                       "welch": "[greater, than]",
                                                       "gap_of_gaps": "[[a, b], [c, d]]",
                                                       "no_falls": "a cell",
-                                                      "mean_at_least": "[greater, than]",
+                                                      "mean_at_least": "[greater, than (a cell or a number)]",
+                                                      "gain_at_least": "[cell, gain]",
+                                                      "warnings_at_most": "[cell, signal, per 100 steps > 0]",
+                                                      "ratio_below": "[[cells], [reference cells], limit > 0]",
                                                       "age_at_least": "[cell, of, fraction > 0]",
                                                       "drops_at_most": "[cell, share > 0]",
                                                       "all_of": "a list of prediction names"}[kind])
@@ -144,6 +162,16 @@ def _cell_names(kind: str, value: Any, where: str) -> tuple[Any, ...]:
         return name(value[0]), float(value[1])
     if kind == "all_of":
         return tuple(value)
+    if kind == "mean_at_least":
+        return name(value[0]), value[1] if isinstance(value[1], (int, float)) else name(value[1])
+    if kind == "gain_at_least":
+        return name(value[0]), float(value[1])
+    if kind == "warnings_at_most":
+        if value[1] not in SIGNALS:
+            raise SpecError(f"{where}: {value[1]!r} is not a signal ({', '.join(SIGNALS)})")
+        return name(value[0]), value[1], float(value[2])
+    if kind == "ratio_below":
+        return tuple(name(c) for c in value[0]), tuple(name(c) for c in value[1]), float(value[2])
     return tuple(name(c) for c in value)
 
 
@@ -168,17 +196,21 @@ def load_spec(path: str | Path) -> Spec:
                 raise SpecError(f"{where}: each prediction has a unique name and exactly one of {', '.join(KINDS)}")
             names.add(p["name"])
             predictions.append(Prediction(str(p["name"]), str(p.get("claim", "")), kinds[0],
-                                          _cell_names(kinds[0], p[kinds[0]], where)))
+                                          _cell_names(kinds[0], p[kinds[0]], where),
+                                          None if p.get("gate") is None else str(p["gate"])))
         if not predictions or "task" not in f:
             raise SpecError(f"{path}: family {f.get('name', '?')!r} needs a task and predictions")
         families.append(Family(str(f.get("name", f["task"])), str(f["task"]), float(f.get("floor", 0.0)),
                                tuple(predictions)))
     for family in families:
-        own = {p.name for p in family.predictions if p.kind != "all_of"}
-        for p in family.predictions:
-            unknown = [n for n in p.cells if p.kind == "all_of" and n not in own]
+        for i, p in enumerate(family.predictions):
+            earlier = {q.name for q in family.predictions[:i] if q.kind != "all_of"}
+            unknown = [n for n in p.cells if p.kind == "all_of" and n not in earlier]
             if unknown:
-                raise SpecError(f"{path}: {p.name}: all_of names no prediction of its family: {', '.join(unknown)}")
+                raise SpecError(f"{path}: {p.name}: all_of names no earlier prediction of its family: "
+                                f"{', '.join(unknown)}")
+            if p.gate is not None and p.gate not in {q.name for q in family.predictions[:i]}:
+                raise SpecError(f"{path}: {p.name}: its gate {p.gate} is no earlier prediction of its family")
     return Spec(str(data.get("name", Path(path).stem)), tuple(int(s) for s in data.get("seeds") or ()),
                 float(data.get("alpha", 0.05)), decide_on, tuple(families))
 
@@ -208,6 +240,8 @@ def _flat(p: Prediction) -> list[str]:
     """The cells a prediction reads (none for ``all_of``)."""
     if p.kind == "all_of":
         return []
+    if p.kind == "warnings_at_most":
+        return [p.cells[0]]
     return [c for item in p.cells for c in (item if isinstance(item, tuple) else (item,)) if isinstance(c, str)]
 
 
@@ -241,72 +275,104 @@ def _statistic(p: Prediction, c: dict[str, list[RunSummary]]) -> tuple[str, floa
             float(scipy_stats.t.sf(d / se, df)))
 
 
-def _point(p: Prediction, c: dict[str, list[RunSummary]], falls: dict[str, int]) -> tuple[str, bool]:
-    """A goal's point comparison in words and whether it holds."""
+def _point(p: Prediction, c: dict[str, list[RunSummary]], falls: dict[str, bool], by_name: dict[str, RunData]
+           ) -> tuple[str, bool]:
+    """A goal's point comparison in words and whether it holds (``falls``: run name -> it fell)."""
     if p.kind == "no_falls":
         (cell,) = p.cells
-        return f"{cell}: {falls[cell]} of {len(c[cell])} fell", falls[cell] == 0
+        fell = sum(falls[s.name] for s in c[cell])
+        return f"{cell}: {fell} of {len(c[cell])} fell", fell == 0
     if p.kind == "mean_at_least":
-        a, b = (float(_m(c[cell]).mean()) for cell in p.cells)
-        return f"M {p.cells[0]} {a:.3f} against {p.cells[1]} {b:.3f}", a >= b
+        cell, ref = p.cells
+        a = float(_m(c[cell]).mean())
+        b = float(ref) if isinstance(ref, (int, float)) else float(_m(c[ref]).mean())
+        return f"M {cell} {a:.3f} against " + (f"{ref} {b:.3f}" if isinstance(ref, str) else f"{b:.4g}"), a >= b
     if p.kind == "age_at_least":
         cell, of, fraction = p.cells
         a, b = (float(np.mean([s.staleness_mean for s in c[x]])) for x in (cell, of))
         return f"Age {cell} {a:.2f} against {fraction:g} x {of} {b:.2f} = {fraction * b:.2f}", a >= fraction * b
+    if p.kind == "gain_at_least":
+        cell, threshold = p.cells
+        gains = [_gain(by_name[s.name]) for s in c[cell]]
+        mean, low, high, _ = stats.bounds(gains)
+        return f"mean gain {mean:+.3f} [{low:+.3f}, {high:+.3f}] over {len(gains)} runs", mean >= threshold
+    if p.kind == "warnings_at_most":
+        cell, signal, limit = p.cells
+        quiet = [s for s in c[cell] if not falls[s.name]]
+        fired = watched = 0
+        for s in quiet:
+            steps, values = by_name[s.name].series(f"warning/{signal}")
+            fired, watched = fired + int((values > 0).sum()), watched + int(steps.size)
+        rate = 100 * fired / watched if watched else math.nan
+        return (f"{rate:.2f} per 100 steps ({fired} in {watched} steps of {len(quiet)} runs that did not fall)",
+                bool(rate <= limit))
+    if p.kind == "ratio_below":
+        cells_a, cells_b, limit = p.cells
+        r, low, high = stats.ratio_interval([s.groups_per_s for x in cells_a for s in c[x]],
+                                            [s.groups_per_s for x in cells_b for s in c[x]])
+        return f"{r:.2f}x [{low:.2f}, {high:.2f}] (groups/s)", high < limit
     cell, share = p.cells
     worst = max(s.drops.get("drop_share", math.nan) for s in c[cell])
     return f"{cell}: largest share dropped {worst:.3f} (at most {share:g})", bool(worst <= share)
 
 
+def _gain(run: RunData) -> float:
+    """A run's gain: the mean of its last two validations minus its first (step 0)."""
+    _, values = run.val_success()
+    return float(values[-2:].mean() - values[0]) if values.size >= 3 else math.nan
+
+
 def decide(spec: Spec, summaries: Sequence[RunSummary], runs: Sequence[RunData] = ()) -> list[Outcome]:
     """Every prediction of ``spec`` decided on ``summaries`` by the spec's rule (``runs``: their curves, for the
-    falls a ``no_falls`` goal counts)."""
+    falls, gains and warnings the point comparisons read)."""
     by_name = {r.name: r for r in runs}
     out: list[Outcome] = []
     for family in spec.families:
         c = cells(spec, family, summaries)
-        falls = {cell: sum(1 for s in members if s.name in by_name and
-                           find_collapse(*by_name[s.name].val_success(), floor=family.floor).fell is not None)
-                 for cell, members in c.items()}
-        tests = [p for p in family.predictions if p.kind in TESTS]
-        rows = []
-        for p in tests:
-            counts = [len(c[cell]) for cell in _flat(p)]
-            if min(counts) < 2:
-                rows.append((p, "cells: " + ", ".join(f"{cell} {n}" for cell, n in zip(_flat(p), counts,
-                                                                                         strict=True)), math.nan))
-            else:
-                rows.append((p, *_statistic(p, c)))
-        adjusted = stats.holm([p_value for _, _, p_value in rows])
+        falls = {s.name: s.name in by_name and
+                 find_collapse(*by_name[s.name].val_success(), floor=family.floor).fell is not None
+                 for members in c.values() for s in members}
         decided: dict[str, Outcome] = {}
-        for (p, text, p_value), p_adj in zip(rows, adjusted, strict=True):
-            if not math.isfinite(p_value):
-                verdict = "pending"
-            else:
-                deciding = p_adj if spec.decide_on == "holm" else p_value
-                verdict = "held" if deciding < spec.alpha else "failed"
-                if _interim(spec, p, c) or any(not math.isfinite(q) for q in adjusted):
-                    verdict += " (interim)"
-            decided[p.name] = Outcome(p.name, p.claim, text, p_value, p_adj, verdict)
-        for p in family.predictions:
-            if p.kind in TESTS or p.kind == "all_of":
-                continue
-            if min(len(c[cell]) for cell in _flat(p)) < 2:
-                text, verdict = "cells: " + ", ".join(f"{cell} {len(c[cell])}" for cell in _flat(p)), "pending"
-            else:
-                text, holds = _point(p, c, falls)
-                verdict = ("held" if holds else "failed") + (" (interim)" if _interim(spec, p, c) else "")
-            decided[p.name] = Outcome(p.name, p.claim, text, math.nan, math.nan, verdict)
+        tested: list[tuple[Prediction, str, float]] = []
+
         for p in family.predictions:
             if p.kind == "all_of":
-                parts = [decided[n].verdict if n in decided else "pending" for n in p.cells]
-                verdict = ("pending" if any(v == "pending" for v in parts) else
-                           "held" if all(v.startswith("held") for v in parts) else "failed")
+                parts = [decided[n].verdict for n in p.cells]
+                verdict = ("not run" if all(v == "not run" for v in parts) else
+                           "failed" if any(v.startswith("failed") for v in parts) else
+                           "pending" if any(v in ("pending", "not run") for v in parts) else "held")
                 if verdict != "pending" and any("interim" in v for v in parts):
                     verdict += " (interim)"
                 decided[p.name] = Outcome(p.name, p.claim, "all of " + ", ".join(p.cells), math.nan, math.nan, verdict)
+            elif p.gate is not None and decided[p.gate].verdict == "failed":
+                decided[p.name] = Outcome(p.name, p.claim, f"the gate {p.gate} failed", math.nan, math.nan, "not run")
+            elif (why := _pending(p, c)) is not None:
+                decided[p.name] = Outcome(p.name, p.claim, why, math.nan, math.nan, "pending")
+            elif p.kind in TESTS:
+                text, p_value = _statistic(p, c)
+                tested.append((p, text, p_value))
+                decided[p.name] = Outcome(p.name, p.claim, text, p_value, math.nan, "")
+            else:
+                text, holds = _point(p, c, falls, by_name)
+                verdict = ("held" if holds else "failed") + (" (interim)" if _interim(spec, p, c) else "")
+                decided[p.name] = Outcome(p.name, p.claim, text, math.nan, math.nan, verdict)
+        # Holm over the tests decided so far, and the tests still pending in the family (they would count in m)
+        waiting = sum(1 for p in family.predictions if p.kind in TESTS and decided[p.name].verdict == "pending")
+        adjusted = stats.holm([p_value for _, _, p_value in tested])
+        for (p, text, p_value), p_adj in zip(tested, adjusted, strict=True):
+            deciding = p_adj if spec.decide_on == "holm" else p_value
+            verdict = "held" if deciding < spec.alpha else "failed"
+            if _interim(spec, p, c) or (spec.decide_on == "holm" and waiting):
+                verdict += " (interim)"
+            decided[p.name] = Outcome(p.name, p.claim, text, p_value, p_adj, verdict)
         out += [decided[p.name] for p in family.predictions]
     return out
+
+
+def _pending(p: Prediction, c: dict[str, list[RunSummary]]) -> str | None:
+    """Why ``p`` is not decided yet (a cell it reads holds fewer than two runs), or ``None``."""
+    short = [f"{cell} {len(c[cell])}" for cell in _flat(p) if len(c[cell]) < 2]
+    return "cells: " + ", ".join(short) if short else None
 
 
 def _interim(spec: Spec, p: Prediction, c: dict[str, list[RunSummary]]) -> bool:
