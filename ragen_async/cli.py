@@ -717,9 +717,6 @@ def report(
     throughput: Annotated[list[str] | None, typer.Option(
         help="K=GROUPS_PER_S from `bench pipeline` (K an integer or inf), repeatable: adds the equal-time "
         "table (minutes per budget, success at equal wall-clock)")] = None,
-    confirm: Annotated[bool, typer.Option(
-        "--confirm", help="add the confirmation's verdicts (studies/confirm/PREDICTIONS.md: H1-H8 on Sokoban, F0-F4 "
-        "on FrozenLake, C0-C4 on Countdown, each held, failed, pending or not run) and its figure beside the study's cells")] = False,
     registered: Annotated[list[Path] | None, typer.Option(
         "--registered", help="a predictions spec (YAML; ragen_async/study/report/registered.py), repeatable: decide "
         "each of its predictions on the runs, by its rule")] = None,
@@ -747,7 +744,7 @@ def report(
     target = out if out is not None else (paths[0] / "report" if len(paths) == 1 else Path("report"))
     try:
         result = write_report(paths, target, threshold=threshold, smooth=smooth, baselines=baselines,
-                              collapse_floor=collapse_floor, throughput=rates, references=references, confirm=confirm,
+                              collapse_floor=collapse_floor, throughput=rates, references=references,
                               registered=registered)
     except ReportError as e:
         _fail(str(e))

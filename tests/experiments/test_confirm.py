@@ -1,12 +1,32 @@
-"""The confirmation's verdicts (``study.report.confirm``): each hypothesis of studies/confirm/PREDICTIONS.md decided
-on synthetic runs whose outcome is known, and pending while a cell lacks runs."""
+"""The confirmation's verdicts: each hypothesis of studies/confirm/PREDICTIONS.md, as its data file
+(studies/confirm/predictions.yaml) gives it to the registered evaluator, decided on synthetic runs whose outcome is
+known, and pending while a cell lacks runs; and the study script's analyses beside them
+(studies/confirm/analysis.py: falls beside H4, the controller beside its cells, the cost's shape, the figure)."""
 
 from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
 
 import pytest
 
 from ragen_async.study.report import find_runs, summarize
-from ragen_async.study.report.confirm import confirm_section, verdicts
+from ragen_async.study.report.registered import decide, load_spec
+from ragen_async.study.stats import holm
+
+CONFIRM = Path(__file__).resolve().parents[2] / "studies" / "confirm"
+SPEC = load_spec(CONFIRM / "predictions.yaml")
+_module = importlib.util.spec_from_file_location("confirm_analysis", CONFIRM / "analysis.py")
+analysis = importlib.util.module_from_spec(_module)
+_module.loader.exec_module(analysis)
+
+
+def verdicts(runs, summaries):
+    return decide(SPEC, summaries, runs)
+
+
+def confirm_section(runs, summaries):
+    return analysis.section(runs, summaries)
 
 SEEDS = (3, 4, 5)
 LEVEL = {(1e-4, "k0"): 0.45, (1e-4, "k2"): 0.42, (1e-4, "kinf"): 0.33,
@@ -40,9 +60,10 @@ def test_each_prediction_is_decided_by_its_rule(tmp_path, make_run):
     assert [got[h].verdict for h in ("H1", "H2", "H3", "H4", "H5", "H6", "H7", "H8")] == [
         "held", "held", "held", "held", "held", "held", "failed", "held"]
     assert got["H1"].p < 0.05 and "per version" in got["H1"].statistic
-    assert got["H2"].statistic.startswith("+0.090")  # 0.42 - 0.33
-    assert got["H5"].statistic.startswith("+0.110")  # (0.45 - 0.22) - (0.45 - 0.33)
-    assert "(a) 0 of 3 fell" in got["H6"].statistic and "(c) mean M 0.400" in got["H6"].statistic
+    assert got["H2"].statistic.startswith("1e-4/k2 - 1e-4/kinf: +0.090")  # 0.42 - 0.33
+    assert got["H5"].statistic.startswith("(2e-4/k0 - 2e-4/kinf) - (1e-4/k0 - 1e-4/kinf): +0.110")
+    assert got["H6a"].statistic == "2e-4/adaptive: 0 of 3 fell"
+    assert got["H6c"].statistic == "M 2e-4/adaptive 0.400 against 0.3753"
     assert got["H7"].statistic.startswith("5.00 per 100 steps (3 in 60 steps")  # one firing per 20-step run
     text = "\n".join(confirm_section(runs, summaries))
     assert "| H7 |" in text and "failed" in text
@@ -69,13 +90,13 @@ def test_a_cell_without_two_runs_leaves_its_predictions_pending_and_one_without_
 
 def test_the_controller_fails_its_goal_when_a_run_falls(tmp_path, make_run):
     runs, summaries = _runs(tmp_path, make_run, falls=[("controller", 3)])
-    h6 = {v.name: v for v in verdicts(runs, summaries)}["H6"]
-    assert h6.verdict == "failed" and "(a) 1 of 3 fell" in h6.statistic
+    got = {v.name: v for v in verdicts(runs, summaries)}
+    assert got["H6"].verdict == "failed" and got["H6a"].statistic == "2e-4/adaptive: 1 of 3 fell"
     assert any("controller-s3 (SimpleSokoban, controller): fell at step 10" in line for line in confirm_section(runs, summaries))
     # A part that failed decides the goal before the unbounded cell has run; one that held waits for it.
     alone = [s for s in summaries if "kinf" not in s.name or "lr0.0001" in s.name]
-    h6 = {v.name: v for v in verdicts(runs, alone)}["H6"]
-    assert h6.verdict == "failed" and "(b) mean age 6.00 against half the unbounded's (pending" in h6.statistic
+    got = {v.name: v for v in verdicts(runs, alone)}
+    assert got["H6"].verdict == "failed" and got["H6b"].verdict == "pending"
     runs, summaries = _runs(tmp_path / "again", make_run)
     alone = [s for s in summaries if "kinf" not in s.name or "lr0.0001" in s.name]
     assert {v.name: v for v in verdicts(runs, alone)}["H6"].verdict == "pending"
@@ -88,7 +109,7 @@ def test_falls_use_the_predictions_floor_not_the_reports(tmp_path, make_run):
         run.val = [{**v, "val/success": 0.25} if v["learner/step"] >= 10 else v for v in run.val]
     summaries = [summarize(r, collapse_floor=0.0) for r in runs]  # the report's floor: no fall
     assert all(s.collapse.fell is None for s in summaries)
-    assert "(a) 3 of 3 fell" in {v.name: v for v in verdicts(runs, summaries)}["H6"].statistic
+    assert {v.name: v for v in verdicts(runs, summaries)}["H6a"].statistic == "2e-4/adaptive: 3 of 3 fell"
 
 
 FL = {(1e-4, "k0"): 0.33, (1e-4, "k4"): 0.30, (1e-4, "kinf"): 0.25, (1e-4, "controller"): 0.31}
@@ -99,7 +120,7 @@ def test_a_second_task_is_decided_apart_and_its_gate_comes_first(tmp_path, make_
     # Sokoban runs only: the second tasks' predictions pending. Their runs never enter H1-H8 nor each other's.
     runs, summaries = _runs(tmp_path / "sokoban", make_run)
     got = {v.name: v for v in verdicts(runs, summaries)}
-    assert [got[f"{x}{i}"].verdict for i in range(5)] == ["pending"] * 5
+    assert [got[f"{x}{i}"].verdict for i in range(5)] == ["pending"] * 5 and got[f"{x}3a"].verdict == "pending"
     runs, summaries = _runs(tmp_path / "second", make_run, FL, task=task, ess_fires_at=())
     got = {v.name: v for v in verdicts(runs, summaries)}
     assert all(got[h].verdict == "pending" for h in ("H1", "H2", "H6", "H8"))
@@ -114,12 +135,11 @@ def test_a_second_task_is_decided_apart_and_its_gate_comes_first(tmp_path, make_
     got = {v.name: v for v in verdicts(runs, summaries)}
     assert got[f"{x}0"].verdict == "held" and got[f"{x}0"].statistic.startswith("mean gain +0.170")
     assert [got[f"{x}{i}"].verdict for i in range(1, 5)] == ["held", "held", "held", "held"]
-    assert "mean M 0.510 against the k = 4 cell 0.500" in got[f"{x}3"].statistic
+    assert got[f"{x}3c"].statistic == "M 1e-4/adaptive 0.510 against 1e-4/k4 0.500"
 
 
 def test_the_figure_sets_the_confirmation_beside_the_studys_cells(tmp_path, make_run, monkeypatch):
-    from ragen_async.study.report import confirm
-
+    confirm = analysis
     cells = {key: level for key, level in LEVEL.items() if key[0] == 2e-4}
     _runs(tmp_path / "confirm", make_run, cells)
     for seed in (0, 1, 2):  # the study's k = 4 cell at lr 2e-4: no confirmation run of it
@@ -148,8 +168,6 @@ def test_the_controller_is_set_beside_the_unbounded_and_synchronous_cells(tmp_pa
 
 
 def test_holm_adjusts_by_the_step_down_rule():
-    from ragen_async.study.report.confirm import holm
-
     # By hand: sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 -> 0.02, 0.03, 0.06, 0.04, then kept non-decreasing
     # (0.04 -> 0.06) and capped at 1; NaN (a prediction without a p) neither adjusted nor counted in m.
     got = holm([0.01, 0.04, float("nan"), 0.03, 0.005])
@@ -160,8 +178,6 @@ def test_holm_adjusts_by_the_step_down_rule():
 
 
 def test_holm_p_is_shown_beside_within_each_tasks_family_and_leaves_the_verdicts(tmp_path, make_run):
-    from ragen_async.study.report.confirm import holm
-
     runs, summaries = _runs(tmp_path / "sokoban", make_run)
     lifted = {key: level + 0.2 for key, level in FL.items()}
     more, more_summaries = _runs(tmp_path / "countdown", make_run, lifted, task="SmallCountdown", ess_fires_at=())
@@ -172,6 +188,7 @@ def test_holm_p_is_shown_beside_within_each_tasks_family_and_leaves_the_verdicts
     assert [by[h].p_holm for h in family] == holm([by[h].p for h in family])
     assert [by[h].p_holm for h in ("C1", "C2")] == holm([by["C1"].p, by["C2"].p])
     assert all(by[h].p_holm != by[h].p_holm for h in ("H6", "H7", "H8", "C0", "C3", "C4", "F1"))
+    assert [by[h].verdict for h in ("C1", "C2")] == ["held", "held"]
     assert by["H2"].p_holm >= by["H2"].p
     # The verdicts stay the registered rule's (unadjusted p < 0.05).
     assert [by[h].verdict for h in family] == ["held"] * 5
@@ -179,12 +196,11 @@ def test_holm_p_is_shown_beside_within_each_tasks_family_and_leaves_the_verdicts
     assert "| p | Holm p | verdict |" in text
     h2 = next(line for line in text.splitlines() if line.startswith("| H2 |"))
     assert f"| {by['H2'].p:.3f} | {by['H2'].p_holm:.3f} | held |" in h2
-    assert "Holm's step-down" in text and "shown beside" in text
+    assert "Holm's adjustment" in text and "shown beside" in text
 
 
 def test_the_cost_is_shaped_by_segments_and_by_aic_beside_the_verdicts(tmp_path, make_run):
-    from ragen_async.study.report.confirm import cost_shape
-
+    cost_shape = analysis.cost_shape
     runs, summaries = _runs(tmp_path, make_run)
     lines = "\n".join(cost_shape(summaries))
     # Per version of age between the cells' means: (0.42 - 0.45) / 1.8 and (0.33 - 0.42) / (10 - 1.8).
@@ -196,10 +212,9 @@ def test_the_cost_is_shaped_by_segments_and_by_aic_beside_the_verdicts(tmp_path,
     assert "The shape of the cost" in "\n".join(confirm_section(runs, summaries))
 
 
-def test_the_single_digit_variant_is_named_smallcountdown(tmp_path, make_run):
-    runs, summaries = _runs(tmp_path, make_run)
-    claims = [v.claim for v in verdicts(runs, summaries) if v.name.startswith("C")]
-    assert len(claims) == 5 and all("SmallCountdown" in c for c in claims)
+def test_the_single_digit_variant_is_named_smallcountdown():
+    (family,) = [f for f in SPEC.families if f.predictions[0].name == "C0"]
+    assert family.name == family.task == "SmallCountdown" and analysis.SECOND_TASKS["SmallCountdown"][1] == "SmallCountdown"
 
 
 def test_the_falls_beside_h4_are_counted_and_tested(tmp_path, make_run):

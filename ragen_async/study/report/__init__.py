@@ -46,7 +46,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ragen_async.study.report import drops, headline, tables
-from ragen_async.study.report.confirm import confirm_section, plot_confirmation
 from ragen_async.study.report.figures import plot_cells, plot_curves, plot_lag_sensitivity, plot_staleness_summary
 from ragen_async.study.report.registered import SpecError, load_spec, registered_section
 from ragen_async.study.report.runs import (
@@ -80,7 +79,7 @@ class Report:
 def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: float = 0.9,
                  smooth: int = 1, title: str | None = None, baselines: dict[str, float] | None = None,
                  collapse_floor: float = 0.0, throughput: dict[int | None, float] | None = None,
-                 references: dict[str, str | Path] | None = None, confirm: bool = False,
+                 references: dict[str, str | Path] | None = None,
                  registered: str | Path | Sequence[str | Path] | None = None) -> Report:
     """Read every run under ``paths`` and write ``report.md``, ``summary.csv`` and the plots into ``out``;
     ``baselines`` (name -> validation success, e.g. the random and oracle policies) are drawn as lines
@@ -88,7 +87,7 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
     (:mod:`ragen_async.collapse`; the random policy's, for a run that starts well above 0);
     ``throughput`` (k, ``None`` = unbounded -> groups/s measured by ``bench pipeline``) adds the
     equal-time table; ``references`` (name -> cells CSV, :func:`read_reference`) adds the figure of success
-    against measured lag beside them; ``confirm`` adds the confirmation's verdicts (:mod:`.confirm`);
+    against measured lag beside them;
     ``registered`` (one predictions spec or several) each of their predictions decided on the runs
     (:mod:`.registered`)."""
     if isinstance(registered, (str, Path)):
@@ -121,9 +120,6 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
     lag_plot = plot_lag_sensitivity(summaries, reference_frames, out)
     if lag_plot is not None:
         plots.append(lag_plot)
-    confirm_plot = plot_confirmation(runs, summaries, out) if confirm else None
-    if confirm_plot is not None:
-        plots.append(confirm_plot)
 
     sources = ", ".join(f"`{p}`" for p in paths)
     lines = [f"# {title or 'ragen_async report'}", "",
@@ -140,8 +136,6 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
     lines += headline.step_size_section(summaries)
     lines += tables.equal_time_section(runs, summaries, throughput or {})
     lines += headline.speed_section(summaries, throughput or {})
-    if confirm:
-        lines += confirm_section(runs, summaries)
     for spec in specs:
         lines += [*registered_section(spec, runs, summaries), ""]
     if plots:
@@ -154,8 +148,6 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
         if lag_plot is not None:
             lines += ["", "## Beside the reference", "", f"References: {', '.join(sorted(reference_frames))}.", "",
                       f"![lag sensitivity]({lag_plot.name})"]
-        if confirm_plot is not None:
-            lines += ["", "## The confirmation beside the study", "", f"![confirmation]({confirm_plot.name})"]
         lines.append("")
     lines += ["## Runs", ""]
     for run, s in zip(runs, summaries, strict=True):
