@@ -143,12 +143,11 @@ def _check_model(model: ModelConfig) -> None:
 
     problem = model_problem(model.path, model.sha256)
     if problem is not None:
-        from ragen_async.tinymodel.warmstart import PINNED, default_out_dir, warm_start_command, warm_start_named_by
+        from ragen_async.tinymodel.warmstart import warm_start_command, warm_start_named_by
 
+        if model.build is not None:
+            _fail(f"{problem}; {model.build}")
         name = warm_start_named_by(model.path)
-        if name is not None and Path(model.path) == PINNED.get(name):
-            _fail(f"{problem}; the pinned warm start is in the repository: run from its root, or build one with "
-                  f"`{warm_start_command(name)}` and train with model.path={default_out_dir(name)} model.sha256=null")
         command = "ragen-async make-model" if name is None else warm_start_command(name)
         _fail(f"{problem}; run `{command}` or point model.path at a local checkpoint")
 

@@ -38,6 +38,9 @@ class ModelConfig(_Strict):
     """Recompute the actor's activations in backward: less learner memory, more compute (the critic is unaffected)."""
     sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
     """Digest of the weights (``build_info.json``'s ``weights_sha256``) a run must start from; ``None`` = any."""
+    build: str | None = None
+    """How to get the model at ``path`` when it is missing, named in the error (``None``: ``ragen-async make-model``,
+    or the warm-start command whose default directory ``path`` is)."""
 
 
 class EnvGroupSpec(_Strict):

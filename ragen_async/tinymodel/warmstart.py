@@ -113,15 +113,11 @@ def warm_start_command(name: str) -> str:
     return f"ragen-async make-model --warm-start {name}"
 
 
-PINNED = {"sokoban": Path("studies/specimen/warm_start"), "frozen_lake": Path("studies/specimen_frozen_lake/warm_start"),
-          "countdown": Path("studies/specimen_countdown/warm_start")}
-"""Warm starts kept in the repository (the specimens': every machine trains from the same bits), by name."""
-
-
 def warm_start_named_by(path: str | Path) -> str | None:
-    """The warm start whose default or pinned directory is ``path``, if any (for an error naming the command)."""
+    """The warm start whose default directory is ``path``, if any (for an error naming the command; a config that
+    pins one elsewhere names its own, ``model.build``)."""
     for name in WARM_STARTS:
-        if Path(path) in (default_out_dir(name), PINNED.get(name)):
+        if Path(path) == default_out_dir(name):
             return name
     return None
 
