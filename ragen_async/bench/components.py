@@ -334,7 +334,7 @@ def synthetic_qwen_tensors(hidden: int = 896, layers: int = 24, intermediate: in
 
 def learner_layout(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:  # noqa: F821
     """The same tensors laid out as the learner holds its parameters (one flat buffer per dtype)."""
-    from ragen_async.weight_sync.base import flat_layout
+    from ragen_async.weight_sync.wire import flat_layout
 
     return list(zip([n for n, _ in named], flat_layout([t for _, t in named]), strict=True))
 

@@ -66,7 +66,8 @@ from ragen_async.inference.base import (
     SamplingConfig,
     model_eos_token_ids,
 )
-from ragen_async.weight_sync.base import WeightSyncError, WeightSyncTimeout, dtype_name
+from ragen_async.weight_sync.base import WeightSyncError, WeightSyncTimeout
+from ragen_async.weight_sync.wire import dtype_name
 
 log = logging.getLogger(__name__)
 

@@ -37,8 +37,9 @@ from typing import Any
 
 import torch
 
-from ragen_async.weight_sync.base import WeightSyncError, dtype_from_name
+from ragen_async.weight_sync.base import WeightSyncError
 from ragen_async.weight_sync.gloo import ReceiveBuffers, group_name, open_group, receive_weights
+from ragen_async.weight_sync.wire import dtype_from_name
 
 
 def _shared_parameters(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Module, str]]:

@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -28,7 +28,29 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 if TYPE_CHECKING:
-    from ragen_async.learner.learner import Learner
+    from ragen_async.config import RunConfig
+
+
+class Learner(Protocol):
+    """What a checkpoint reads and writes of a learner (``learner.Learner``; named here by what it has, so that
+    this module does not import the one that imports it)."""
+
+    cfg: RunConfig
+    rank: int
+    distributed: bool
+    sharded: bool
+    policy_version: int
+    skipped_steps: int
+    actor: nn.Module
+    actor_head: nn.Module
+    actor_opt: torch.optim.Optimizer
+    critic: nn.Module | None
+    critic_opt: torch.optim.Optimizer | None
+    ref: nn.Module | None
+
+    def _reshard(self) -> None: ...
+
+    def _all_gather(self, value: Any) -> list[Any]: ...
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ from ragen_async.config import RunConfig
 from ragen_async.learner import checkpoint, parallel, precision
 from ragen_async.learner.batch import TokenBatch, collate_shard, pack_rows, split_even
 from ragen_async.protocol import BatchShard
-from ragen_async.weight_sync.base import flatten_parameters
+from ragen_async.weight_sync.wire import flat_layout
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,7 @@ def merge_rank_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
 GATHER_BUCKET_BYTES = 256 * 2**20
 """Default bound on the full parameters one FSDP gather holds at once (:meth:`Learner.full_weight_buckets`)."""
 
+
 @dataclass(frozen=True)
 class UpdateTargets:
     """What one learner step's update trains toward, per token of the shard, fixed across its optimizer
@@ -86,6 +87,16 @@ class UpdateTargets:
     ref_logprobs: torch.Tensor | None = None
     """The reference policy's log-probs (KL penalty); ``None`` without one."""
     fill_old: bool = False
+
+
+def flatten_parameters(module: torch.nn.Module) -> None:
+    """Move ``module``'s parameters (tied ones once, in ``named_parameters`` order) into one flat buffer
+    per dtype, in place: the ``Parameter`` objects stay (build optimizers after or before, either works),
+    their data become views. The learner does this so a publish sends its live weights without a copy."""
+    params = [p for _, p in module.named_parameters()]
+    with torch.no_grad():
+        for p, view in zip(params, flat_layout([p.data for p in params]), strict=True):
+            p.data = view
 
 
 @dataclass(frozen=True)

@@ -7,17 +7,7 @@ plane). ``InProcessPublisher`` loads engines of the same process directly; :clas
 recent versions for fixed-lag publishing.
 """
 
-from ragen_async.weight_sync.base import (
-    Manifest,
-    RingBuffer,
-    Ticket,
-    WeightPublisher,
-    WeightReceiver,
-    WeightSyncError,
-    WeightSyncTimeout,
-    group_layout,
-    make_manifest,
-)
+from ragen_async.weight_sync.base import Ticket, WeightPublisher, WeightReceiver, WeightSyncError, WeightSyncTimeout
 from ragen_async.weight_sync.factory import make_publisher, make_receiver, resolve_backend
 from ragen_async.weight_sync.gloo import (
     GlooBroadcastPublisher,
@@ -26,9 +16,12 @@ from ragen_async.weight_sync.gloo import (
     broadcast_to_engines,
     connect_engines,
 )
+from ragen_async.weight_sync.groups import group_layout
 from ragen_async.weight_sync.inproc import InProcessPublisher
 from ragen_async.weight_sync.nccl import LocalReceiversClient, NcclPublisher, NcclReceiver, RayActorsClient
 from ragen_async.weight_sync.probe import WeightSyncDivergence, check_probe, probe_tolerance
+from ragen_async.weight_sync.ring import RingBuffer
+from ragen_async.weight_sync.wire import Manifest, make_manifest
 
 __all__ = ["GlooBroadcastPublisher", "GlooReceiver", "InProcessPublisher", "LocalGlooReceiver",
            "LocalReceiversClient", "Manifest", "NcclPublisher", "NcclReceiver", "RayActorsClient", "RingBuffer",

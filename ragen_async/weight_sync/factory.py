@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from ragen_async.weight_sync.base import WeightPublisher, WeightReceiver, group_layout
+from ragen_async.weight_sync.base import WeightPublisher, WeightReceiver
+from ragen_async.weight_sync.groups import group_layout
 
 Backend = Literal["gloo", "nccl", "rpc"]
 
@@ -26,7 +27,7 @@ def make_publisher(backend: Backend, *, address: str, num_receivers: int, timeou
                    client: Any = None, workers_per_engine: int = 1) -> WeightPublisher:
     """Learner rank 0's publisher to ``num_receivers`` engines of ``workers_per_engine`` workers each
     (``inference.tensor_parallel_size``: every worker of an engine joins the group, so the group holds
-    1 + engines x workers ranks, :func:`~ragen_async.weight_sync.base.group_layout`). NCCL needs ``client``
+    1 + engines x workers ranks, :func:`~ragen_async.weight_sync.groups.group_layout`). NCCL needs ``client``
     (a :class:`~ragen_async.weight_sync.nccl.ReceiversClient` over the engines' receivers); it is told
     ``workers_per_engine`` here, so the engines' rank offsets and the group's world size agree."""
     if workers_per_engine < 1:

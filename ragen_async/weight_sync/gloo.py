@@ -2,7 +2,7 @@
 
 Group: learner rank 0 (the publisher, which also hosts the ``TCPStore``) plus every inference worker:
 ``num_receivers`` engines of ``workers_per_engine`` workers each (their tensor-parallel size), engine ``i``'s
-workers at ranks ``1 + i * workers_per_engine`` onwards (:func:`~ragen_async.weight_sync.base.group_layout`).
+workers at ranks ``1 + i * workers_per_engine`` onwards (:func:`~ragen_async.weight_sync.groups.group_layout`).
 It is a *separate* ``ProcessGroupGloo`` built from its own store, never
 the learner's default group nor vLLM's, so it cannot interfere with either.
 
@@ -18,7 +18,7 @@ Protocol of one sync (both sides derive everything from the same manifest)::
 
 The ticket announces the bucket size the publisher used last (``None`` before its first publish), and
 the publish of that version follows it. With the plan known in advance, the header travels inside the
-first buffer's broadcast, in a slot of :data:`~ragen_async.weight_sync.base.SLOT_BYTES` in front of the
+first buffer's broadcast, in a slot of :data:`~ragen_async.weight_sync.wire.SLOT_BYTES` in front of the
 data (the learner's flat buffers have one: ``flat_layout``), so a sync is exactly one broadcast per
 buffer; a receiver posts every receive at once and checks the header when they are done. Without a plan
 (the first sync) the header is broadcast first, alone, and the receiver plans from it.
@@ -40,7 +40,9 @@ from typing import Any
 
 import torch
 
-from ragen_async.weight_sync.base import (
+from ragen_async.weight_sync.base import Ticket, WeightPublisher, WeightReceiver, WeightSyncError, WeightSyncTimeout
+from ragen_async.weight_sync.groups import check_room, engine_workers, group_layout
+from ragen_async.weight_sync.wire import (
     DEFAULT_BUCKET_BYTES,
     HEADER_BYTES,
     HEADER_LEN,
@@ -49,18 +51,10 @@ from ragen_async.weight_sync.base import (
     Manifest,
     ManifestEntry,
     ManifestKey,
-    Ticket,
-    WeightPublisher,
-    WeightReceiver,
-    WeightSyncError,
-    WeightSyncTimeout,
     adjacent_bytes,
     bucket_nbytes,
     check_header,
-    check_room,
     dtype_from_name,
-    engine_workers,
-    group_layout,
     header_slot,
     make_header,
     make_manifest,

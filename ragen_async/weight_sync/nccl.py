@@ -22,7 +22,7 @@ Ranks: vLLM's trainer tells every worker ``rank_offset=1``, right for one vLLM i
 ranks 1..W: vLLM 0.32 ``nccl_common.worker_init_process_group`` joins at ``rank_offset`` + the worker's rank
 in its engine). With several engines each gets its own offset (engine i: ``1 + workers of engines before
 i``), and ``world_size`` is 1 + the total number of inference workers, engines x tensor-parallel workers
-(:func:`~ragen_async.weight_sync.base.group_layout`; :func:`~ragen_async.weight_sync.factory.make_publisher`
+(:func:`~ragen_async.weight_sync.groups.group_layout`; :func:`~ragen_async.weight_sync.factory.make_publisher`
 counts them).
 
 Tied weights: after vLLM's ``finish_weight_update`` the receiver calls the worker extension's re-tie
@@ -44,16 +44,8 @@ from typing import Any
 
 import torch
 
-from ragen_async.weight_sync.base import (
-    Ticket,
-    WeightPublisher,
-    WeightReceiver,
-    WeightSyncError,
-    WeightSyncTimeout,
-    check_room,
-    engine_workers,
-    group_layout,
-)
+from ragen_async.weight_sync.base import Ticket, WeightPublisher, WeightReceiver, WeightSyncError, WeightSyncTimeout
+from ragen_async.weight_sync.groups import check_room, engine_workers, group_layout
 
 RETIE = "_ragen_retie"
 """The worker-extension method every weight update ends in (``ragen_async.inference.vllm_worker_ext``)."""

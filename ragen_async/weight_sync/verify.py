@@ -21,7 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import blake3
 import torch
 
-from ragen_async.weight_sync.base import WeightSyncError, dtype_from_name, dtype_name
+from ragen_async.weight_sync.base import WeightSyncError
+from ragen_async.weight_sync.wire import dtype_from_name, dtype_name
 
 ServedEntry = tuple[str, str, str, list[int], str]
 """``(checkpoint name, served by, dtype, shape, digest)``: one tensor an engine's forward reads. ``served

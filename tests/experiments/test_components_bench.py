@@ -17,7 +17,7 @@ from ragen_async.bench.components import (
     synthetic_group,
 )
 from ragen_async.bench.pipeline import split_cpus
-from ragen_async.weight_sync.base import make_manifest, pack_bucket, plan_buckets
+from ragen_async.weight_sync.wire import make_manifest, pack_bucket, plan_buckets
 
 
 def test_synthetic_groups_are_valid_and_sized():

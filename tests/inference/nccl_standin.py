@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ragen_async.inference.vllm_worker_ext import WeightSyncWorkerExtension
-from ragen_async.weight_sync.base import dtype_from_name
+from ragen_async.weight_sync.wire import dtype_from_name
 
 QUALNAME = "nccl_standin.NcclStandInExtension"
 

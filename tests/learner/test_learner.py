@@ -17,7 +17,7 @@ from ragen_async.config import load_config
 from ragen_async.envs.registry import make_env_from_tag
 from ragen_async.learner.learner import Learner
 from ragen_async.staleness import format_group_id
-from ragen_async.weight_sync.base import adjacent_bytes
+from ragen_async.weight_sync.wire import adjacent_bytes
 
 
 def make_cfg(model_path, *overrides):

@@ -6,13 +6,7 @@ import torch
 
 from ragen_async.inference import FakeEngine
 from ragen_async.weight_sync import InProcessPublisher, RingBuffer, WeightSyncError, make_manifest
-from ragen_async.weight_sync.base import (
-    check_header,
-    make_header,
-    pack_bucket,
-    plan_buckets,
-    unpack_bucket,
-)
+from ragen_async.weight_sync.wire import check_header, make_header, pack_bucket, plan_buckets, unpack_bucket
 
 
 def named_mixed():
@@ -88,7 +82,8 @@ def test_in_process_publisher_sync_and_async():
 
 
 def test_flatten_parameters_keeps_values_and_training_and_lays_them_back_to_back():
-    from ragen_async.weight_sync.base import adjacent_bytes, flatten_parameters
+    from ragen_async.learner.learner import flatten_parameters
+    from ragen_async.weight_sync.wire import adjacent_bytes
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(10, 8), torch.nn.Linear(8, 10))
@@ -114,7 +109,7 @@ def test_flatten_parameters_keeps_values_and_training_and_lays_them_back_to_back
 
 
 def test_ring_buffer_copies_are_flat():
-    from ragen_async.weight_sync.base import adjacent_bytes
+    from ragen_async.weight_sync.wire import adjacent_bytes
 
     ring = RingBuffer(2)
     state = [("a", torch.randn(3, 2)), ("b", torch.randn(4)), ("c", torch.randn(2).bfloat16())]
@@ -127,7 +122,7 @@ def test_ring_buffer_copies_are_flat():
 def test_only_a_flat_layout_has_a_header_slot_in_front():
     """The publisher writes the header into the bytes before the first buffer only where flat_layout left
     a marked slot; anywhere else those bytes may be another tensor's, so it packs a copy instead."""
-    from ragen_async.weight_sync.base import SLOT_BYTES, adjacent_bytes, flat_layout, header_slot
+    from ragen_async.weight_sync.wire import SLOT_BYTES, adjacent_bytes, flat_layout, header_slot
 
     tensors = [torch.randn(40), torch.randn(3, 5), torch.randn(6).bfloat16()]
     flat = flat_layout(tensors)

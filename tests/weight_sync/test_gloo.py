@@ -116,7 +116,7 @@ def test_flat_tensors_go_in_place_one_broadcast_per_dtype(monkeypatch):
     """Tensors laid out as the learner holds them (flat_layout) are sent as they are: one broadcast per
     dtype of the flat buffer's own memory, whatever bucket_bytes says; receivers get the same values."""
     import ragen_async.weight_sync.gloo as gloo
-    from ragen_async.weight_sync.base import flat_layout
+    from ragen_async.weight_sync.wire import flat_layout
 
     named = named_state()
     flat = list(zip([n for n, _ in named], flat_layout([t for _, t in named]), strict=True))
@@ -155,7 +155,7 @@ def test_flat_tensors_go_in_place_one_broadcast_per_dtype(monkeypatch):
 
 
 def _flat(named):
-    from ragen_async.weight_sync.base import flat_layout
+    from ragen_async.weight_sync.wire import flat_layout
 
     return list(zip([n for n, _ in named], flat_layout([t for _, t in named]), strict=True))
 
@@ -166,7 +166,7 @@ def test_the_ticket_announces_the_plan_so_the_header_rides_in_the_first_buffer(m
     one broadcast per dtype, like a raw broadcast of the same bytes), and the receiver starts every
     buffer's receive before waiting on any, checking the header when they are done."""
     import ragen_async.weight_sync.gloo as gloo
-    from ragen_async.weight_sync.base import SLOT_BYTES
+    from ragen_async.weight_sync.wire import SLOT_BYTES
 
     named = _flat(named_state())
     pub = GlooBroadcastPublisher("127.0.0.1", 0, num_receivers=1, timeout_s=10)

@@ -53,8 +53,8 @@ def engine_process(info: dict, tickets: list[dict], dies: str | None, out: str) 
     from ragen_async.inference.base import SamplingConfig
     from ragen_async.inference.fake_engine import FakeEngine
     from ragen_async.weight_sync import make_receiver
-    from ragen_async.weight_sync.base import HEADER_LEN
     from ragen_async.weight_sync.gloo import broadcast
+    from ragen_async.weight_sync.wire import HEADER_LEN
 
     async def main() -> None:
         engine = FakeEngine(lambda prompt, rng: [4, 5, 6])
