@@ -330,7 +330,7 @@ def bench_pipeline_cmd(
 ) -> None:
     """Throughput vs staleness k under runtime: ray, pinned (disjoint CPU sets), unpinned or as configured."""
     _setup_logging()
-    from ragen_async.bench.pipeline import bench_pipeline, parse_consume, parse_k, parse_mode
+    from ragen_async.bench.pipeline import bench_pipeline, parse_consume, parse_mode
 
     try:
         ks = [parse_k(x) for x in k] if k else [0, 1, 2, 4]
@@ -357,7 +357,7 @@ def invocation(argv: list[str] | None = None) -> str:
 def _print_bench(title: str, note: str, table: str, out: Path | None) -> None:
     """Print a benchmark's tables under the machine, the command as typed (:func:`invocation`) and a note, and
     (``out``) append them to a markdown file under a dated heading."""
-    from ragen_async.bench.pipeline import machine_description
+    from ragen_async.bench.machine import machine_description
 
     text = f"machine: {machine_description()}\ncommand: `{invocation()}`\n{note}\n\n{table}\n"
     print(text)
@@ -623,7 +623,12 @@ def bench_rllib_cmd(
     csv: Annotated[Path | None, typer.Option(
         help="write the cells (measured lag, final success and interval) here, for `report --reference`")] = None,
 ) -> None:
-    """Classic reference: RLlib APPO with a small MLP on one-hot Sokoban, per staleness k."""
+    """Classic reference: RLlib APPO with a small MLP on one-hot Sokoban, per staleness k (needs the rllib extra:
+    pip install -e '.[cpu,rllib]')."""
+    try:
+        import ray.rllib  # noqa: F401 - the wheel ships the package; its extra brings what it imports
+    except ImportError as e:
+        _fail(f"bench rllib needs RLlib, an optional extra: pip install -e '.[cpu,rllib]' (or '.[gpu,rllib]'): {e}")
     from ragen_async.study.rllib_ref import (
         EVAL_EPISODES,
         EVAL_SEED,
@@ -684,6 +689,19 @@ def sweep(
         raise typer.Exit(1)
 
 
+def parse_k(text: str) -> int | None:
+    """A staleness bound as the command line gives it: an integer >= 0, or ``inf`` for unbounded."""
+    if text.strip().lower() in ("inf", "none", "null"):
+        return None
+    try:
+        k = int(text)
+    except ValueError:
+        k = -1
+    if k < 0:
+        raise ValueError(f"--k {text!r}: expected an integer >= 0 or inf (unbounded)")
+    return k
+
+
 def _pairs(items: list[str] | None, option: str, expected: str, key: Callable[[str], Any],
            value: Callable[[str], Any]) -> dict[Any, Any]:
     """Parse repeated ``KEY=VALUE`` options; a converter's ValueError fails the command naming the option."""
@@ -721,7 +739,6 @@ def report(
         "each of its predictions on the runs, by its rule")] = None,
 ) -> None:
     """Write report.md, summary.csv and staleness/stability plots for runs or sweeps."""
-    from ragen_async.bench.pipeline import parse_k
     from ragen_async.study.report import ReportError, write_report
 
     def name(text: str) -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,19 +70,6 @@ def split_cpus(cpus: list[int]) -> tuple[list[int], list[int]]:
         raise ValueError("pinning needs at least 2 CPUs (one per side)")
     half = (len(cpus) + 1) // 2
     return cpus[:half], cpus[half:]
-
-
-def parse_k(text: str) -> int | None:
-    """A staleness bound as the command line gives it: an integer >= 0, or ``inf`` for unbounded."""
-    if text.strip().lower() in ("inf", "none", "null"):
-        return None
-    try:
-        k = int(text)
-    except ValueError:
-        k = -1
-    if k < 0:
-        raise ValueError(f"--k {text!r}: expected an integer >= 0 or inf (unbounded)")
-    return k
 
 
 def k_label(k: int | None) -> str:
@@ -182,24 +168,6 @@ def format_table(rows: list[BenchRow]) -> str:
                              f"{r.rollout_idle:.2f} | {r.learner_idle:.2f} | {r.staleness_mean:.2f} | "
                              f"{100 * r.dropped_share:.1f} % | {ratio:.2f} | {bound} |")
     return "\n".join(lines)
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``) and whether it has native bf16 matmul kernels: CPUs of the same
-    name differ, and bf16 compute is faster than fp32 only with those kernels."""
-    from ragen_async.learner.precision import cpu_has_bf16
-
-    try:
-        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")]
-    except OSError:
-        names = []
-    return f"{names[0] if names else platform.processor() or 'unknown CPU'}, bf16 kernels {'yes' if cpu_has_bf16() else 'no'}"
-
-
-def machine_description() -> str:
-    cpus = sorted(os.sched_getaffinity(0))
-    return f"{platform.machine()} {len(cpus)} CPUs ({cpu_model()}; {platform.platform()})"
 
 
 def bench_pipeline(config: Path, overrides: list[str], ks: list[int | None], steps: int, warmup_steps: int,

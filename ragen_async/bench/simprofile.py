@@ -119,7 +119,7 @@ def measure_profile(config: Path, overrides: list[str], groups: int, warmup_grou
     """Play ``warmup_groups + groups`` groups with the real rollout worker on the configured (real) engine,
     exactly as a rollout actor plays them (``RolloutWorker.run``); keep the shapes of the last ``groups``."""
     from ragen_async.agent.chat import ChatFormat
-    from ragen_async.bench.pipeline import machine_description
+    from ragen_async.bench.machine import machine_description
     from ragen_async.config import load_config
     from ragen_async.rollout.engines import make_engine
     from ragen_async.rollout.worker import RolloutWorker

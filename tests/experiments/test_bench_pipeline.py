@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from ragen_async.bench.pipeline import BenchRow, bench_config, format_table, parse_k
-from ragen_async.cli import app
+from ragen_async.bench.pipeline import BenchRow, bench_config, format_table
+from ragen_async.cli import app, parse_k
 from ragen_async.config import load_config
 
 
