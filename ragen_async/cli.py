@@ -302,7 +302,7 @@ def make_model(
         return
     if eps is not None or episodes is not None or checkpoints:
         _fail("--eps, --episodes and --checkpoints apply to --warm-start builds only")
-    from ragen_async.tinymodel.cli import make_model as build
+    from ragen_async.tinymodel.report import make_model as build
 
     build(out or Path("artifacts/tiny-model"), seed=seed, force=force, sft_steps=sft_steps, report=report,
           seeds_per_tag=seeds_per_tag)

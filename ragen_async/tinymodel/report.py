@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ragen_async.tinymodel import corpus
+from ragen_async.tinymodel.build import DEFAULT_OUT_DIR, TinyModelConfig, ensure_tiny_model
 
 
 @dataclass
@@ -248,3 +249,17 @@ def arm_probabilities(model_dir: Path | str, tag: str = "Bandit", seeds: range =
     mean = {arm: sum(s[arm] for s in shares) / len(shares) for arm in arms}
     return {"tag": tag, "best_arm": best, "p_arm": mean, "p_best_arm": mean[best],
             "scored_mass": sum(masses) / len(masses), "seeds": len(shares)}
+
+
+def make_model(out_dir: Path | str = DEFAULT_OUT_DIR, seed: int = 0, force: bool = False,
+               sft_steps: int | None = None, report: bool = True, seeds_per_tag: int = 64) -> Path:
+    """Build the tiny model into ``out_dir`` unless a complete build of the same config is there, then
+    print the base model's exact bandit arm probabilities and (``report``) a table of how it plays
+    every env tag (transformers engine, a few minutes on 2 cores)."""
+    overrides = {} if sft_steps is None else {"sft_steps": sft_steps}
+    path = ensure_tiny_model(Path(out_dir), seed=seed, config=TinyModelConfig(**overrides), force=force)
+    if report:
+        report_base_policy(path, seeds_per_tag=seeds_per_tag)
+    else:
+        report_arm_probabilities(path)
+    return path
