@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
 # `make test` runs the suite in two parts. First, on two pytest-xdist workers (`-n 2`), everything but the
-# `alone` modules: the modules of each lane below run one after another on one worker, in file order, as in a
+# `alone` modules: the modules of each lane (the marker a module sets: ray_lane, clusters_lane) run one after
+# another on one worker, in file order, as in a
 # serial run (they start Ray clusters, vLLM engines, SLURM daemons or training processes, or depend on their
 # module's order); the two lanes run beside each other, one on each worker, and the other tests (pure
 # functions, learner ranks, envs, the agent) go to whichever worker is free. The lanes are split so that
@@ -15,38 +19,34 @@ import pytest
 # starts Ray clusters of its own on chosen ports and temp dirs (Ray jobs, SLURM) and engines without Ray.
 # Then, with nothing beside them, the `alone` modules: they give processes and threads a few seconds at most
 # (weight-group joins, transport and admission timeouts; a gloo join timed out at 3 s beside the engines once).
-LANES = {
-    "ray": frozenset({"test_ray_runtime.py", "test_driver_kill.py", "test_rllib_ref.py", "test_soak.py",
-                      "test_gpu_run.py"}),
-    "clusters": frozenset({"test_slurm_real.py", "test_ray_job_real.py", "test_vllm_engine.py",
-                           "test_orchestrator_local.py", "test_device_check.py", "test_experiments_scripts.py",
-                           "test_exact_verify.py", "test_simcluster.py"}),
-}
-ALONE_MODULES = frozenset({
-    "test_gloo.py", "test_gloo_faults.py", "test_gloo_vllm.py", "test_nccl.py", "test_nccl_faults.py",
-    "test_transport_zmq.py", "test_transport_inproc.py", "test_transport_replay.py", "test_admission_gate.py",
-})
+LANES = ("ray_lane", "clusters_lane")
+"""The lanes, by the marker a module sets (``pytestmark``); the ``alone`` marker puts a module in the last part."""
 
 
-def _module(nodeid: str) -> str:
-    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
-
-
-def _lane(nodeid: str) -> str | None:
-    return next((name for name, modules in LANES.items() if _module(nodeid) in modules), None)
+def _lane(item) -> str | None:
+    return next((name for name in LANES if item.get_closest_marker(name)), None)
 
 
 def pytest_collection_modifyitems(config, items):
-    placed = ALONE_MODULES.union(*LANES.values())
-    strays = sorted({item.path.name for item in items if item.get_closest_marker("vllm") and item.path.name not in placed})
+    strays = sorted({item.path.name for item in items if item.get_closest_marker("vllm")
+                     and _lane(item) is None and not item.get_closest_marker("alone")})
     if strays:
-        raise pytest.UsageError(f"tests marked vllm in {strays}: add the module to a lane (or ALONE_MODULES) in "
-                                "tests/conftest.py")
-    for item in items:
-        if item.path.name in ALONE_MODULES:
-            item.add_marker("alone")
+        raise pytest.UsageError(f"tests marked vllm in {strays}: mark the module ray_lane, clusters_lane or alone "
+                                "(tests/conftest.py)")
     if os.environ.get("PYTEST_XDIST_WORKER"):  # under xdist: the lanes are handed out first
-        items.sort(key=lambda item: _lane(item.nodeid) is None)
+        items.sort(key=lambda item: _lane(item) is None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """A test outside the ray lane that leaves a Ray session of its own running in the test process (after its
+    fixtures are torn down) would run beside the ray lane's sessions: refused, so a new Ray test cannot be left
+    off the lane by mistake."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and _lane(item) != "ray_lane" and ray.is_initialized():
+        ray.shutdown()
+        pytest.fail(f"{item.nodeid} started a Ray session but its module is not marked ray_lane (tests/conftest.py)")
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -55,11 +55,20 @@ def pytest_xdist_make_scheduler(config, log):
     9.2), every other test a unit of its own."""
     from xdist.scheduler import LoadScopeScheduling
 
+    root = config.rootpath
+
     class LaneScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return _lane(nodeid) or nodeid
+            return _module_lane(root / nodeid.split("::", 1)[0]) or nodeid
 
     return LaneScheduling(config, log)
+
+
+@functools.cache
+def _module_lane(path: Path) -> str | None:
+    """The lane a module's marker names, read from its source: xdist's scheduler sees node ids, not markers."""
+    text = path.read_text() if path.is_file() else ""
+    return next((name for name in LANES if f"pytest.mark.{name}" in text), None)
 
 
 def save_random_qwen2(path, *, tied: bool, seed: int) -> str:

@@ -6,8 +6,12 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import pytest
+
 from ragen_async.rollout.gate import AdmissionGate
 from ragen_async.rollout.worker import RolloutWorker
+
+pytestmark = pytest.mark.alone
 
 
 def test_admit_gives_up_to_n_in_order_then_waits_for_a_published_version():

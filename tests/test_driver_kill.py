@@ -22,7 +22,7 @@ import pytest
 
 from ragen_async.provenance import read_provenance
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.ray_lane, pytest.mark.vllm, pytest.mark.slow]
 
 TOTAL_STEPS = 10
 

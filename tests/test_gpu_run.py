@@ -14,7 +14,7 @@ import torch
 
 from tests.test_ray_runtime import consumed_staleness, ray_cfg, run_ray
 
-pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = [pytest.mark.ray_lane, pytest.mark.gpu, pytest.mark.vllm, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 BACKENDS = ["gloo", pytest.param("nccl", marks=pytest.mark.skipif(
     torch.cuda.device_count() < 2, reason="NCCL weight sync needs the learner and the engine on different GPUs"))]
 

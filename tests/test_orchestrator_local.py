@@ -18,6 +18,8 @@ from ragen_async.orchestrator import run_trainer
 from ragen_async.rundir import RunDir, pack_run
 from ragen_async.runtime import LocalRuntime
 
+pytestmark = pytest.mark.clusters_lane
+
 REQUIRED = ["learner/step", "policy_version", "rollout/success", "rollout/reward_mean",
             "rollout/in_group_reward_std", "rollout/response_length", "actor/entropy", "actor/grad_norm",
             "actor/pg_clipfrac", "actor/ppo_kl", "critic/vf_loss", "filter/kept_groups", "timing/step_s",

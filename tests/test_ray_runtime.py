@@ -25,7 +25,7 @@ from ragen_async.orchestrator import run_trainer
 from ragen_async.provenance import audit, read_provenance
 from ragen_async.rundir import RunDir
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.ray_lane, pytest.mark.vllm, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module", autouse=True)

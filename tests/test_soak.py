@@ -39,7 +39,7 @@ from ragen_async.orchestrator import run_trainer
 from ragen_async.provenance import audit, read_provenance
 from ragen_async.rundir import RunDir
 
-pytestmark = [pytest.mark.soak, pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.ray_lane, pytest.mark.soak, pytest.mark.vllm, pytest.mark.slow]
 
 MINUTES = float(os.environ.get("SOAK_MINUTES", "30"))
 KILL_EVERY_S = float(os.environ.get("SOAK_KILL_EVERY_S", MINUTES * 60 / 6))

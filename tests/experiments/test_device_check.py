@@ -15,6 +15,8 @@ import pytest
 from ragen_async.bench import device_verdicts
 from ragen_async.bench.learns import TARGET_P, Curve, LearnsResult, bench_learns, result_from_json, result_json, verdict
 
+pytestmark = pytest.mark.clusters_lane
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "device_check.sh"
 

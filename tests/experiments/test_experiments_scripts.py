@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.clusters_lane
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = [REPO / "launchers" / "local.sh", REPO / "launchers" / "ray_job.sh", REPO / "slurm" / "ragen_async.sbatch",
            REPO / "scripts" / "device_check.sh"]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.clusters_lane, pytest.mark.vllm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "launchers" / "ray_job.sh"

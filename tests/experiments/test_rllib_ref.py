@@ -29,6 +29,8 @@ from ragen_async.study.rllib_ref import (
     train_appo,
 )
 
+pytestmark = pytest.mark.ray_lane
+
 
 def test_encode_grid_exact_on_a_hand_written_grid():
     grid = encode_grid("#####\n#PX_#\n#O√S#\n#####")

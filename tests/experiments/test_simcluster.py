@@ -26,6 +26,8 @@ from ragen_async.bench.simcluster import (
 from ragen_async.bench.simprofile import load_profile
 from ragen_async.inference.base import SamplingConfig
 
+pytestmark = pytest.mark.clusters_lane
+
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "configs" / "sim" / "sokoban_tiny_profile.json"
 

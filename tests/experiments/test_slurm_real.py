@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from slurm_cluster import SlurmCluster  # noqa: I001  (this folder, on sys.path under pytest)
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.clusters_lane, pytest.mark.vllm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 TOTAL_STEPS = 12

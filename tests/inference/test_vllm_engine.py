@@ -15,6 +15,8 @@ from vllm_harness import get_harness
 
 from ragen_async.inference import HFEngine, SamplingConfig
 
+pytestmark = pytest.mark.clusters_lane
+
 ATOL = 1e-4
 PROMPT = [5, 17, 99, 300, 42, 7]
 

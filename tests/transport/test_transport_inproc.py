@@ -15,6 +15,8 @@ from ragen_async.transport import (
     make_inproc_pair,
 )
 
+pytestmark = pytest.mark.alone
+
 
 def test_round_trip_copies_like_a_network(msgs, secret):
     sender, receiver = make_inproc_pair(secret, maxsize=2)

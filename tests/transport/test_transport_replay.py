@@ -6,6 +6,8 @@ import pytest
 
 from ragen_async.transport import InprocReceiver, encode, make_inproc_pair
 
+pytestmark = pytest.mark.alone
+
 
 def test_a_replayed_message_is_refused_and_counted(msgs, secret):
     sender, receiver = make_inproc_pair(secret, maxsize=8)

@@ -17,6 +17,8 @@ from ragen_async.transport import TransportTimeout, make_receiver, make_sender
 from ragen_async.transport.codec import encode
 from ragen_async.transport.zmq_transport import ZmqReceiver, ZmqSender
 
+pytestmark = pytest.mark.alone
+
 
 @pytest.fixture
 def ctx():

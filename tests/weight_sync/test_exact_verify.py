@@ -22,6 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "inference"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # served_plants, imported by vLLM's worker too
 from vllm_harness import get_harness  # noqa: E402  (shared session engine)
 
+pytestmark = pytest.mark.clusters_lane
+
 SEQ = [5, 17, 99, 300, 42, 7, 1, 2, 3, 400, 401, 77, 12, 13, 250, 251]
 
 

@@ -10,6 +10,8 @@ import torch
 from ragen_async.weight_sync import GlooBroadcastPublisher, WeightSyncError, WeightSyncTimeout
 from ragen_async.weight_sync.gloo import UNBOUNDED_BUCKET, open_group, receive_weights
 
+pytestmark = pytest.mark.alone
+
 
 def named_state():
     g = torch.Generator().manual_seed(1)

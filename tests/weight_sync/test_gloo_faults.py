@@ -19,7 +19,7 @@ import torch
 
 from ragen_async.weight_sync import GlooBroadcastPublisher, WeightSyncError
 
-pytestmark = pytest.mark.slow  # waits on timeouts and process deaths by design
+pytestmark = [pytest.mark.alone, pytest.mark.slow]  # waits on timeouts and process deaths by design
 
 TIMEOUT_S = 3.0
 

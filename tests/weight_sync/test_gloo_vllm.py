@@ -20,7 +20,7 @@ from ragen_async.weight_sync.gloo import broadcast_to_engines, connect_engines
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "inference"))
 from vllm_harness import get_harness  # noqa: E402  (shared session engine)
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.alone, pytest.mark.vllm]
 SEQ = [5, 17, 99, 300, 42, 7, 1, 2, 3, 400, 401, 77]
 ATOL = 1e-4  # float32 both sides; see tests/inference/test_vllm_engine.py
 

@@ -20,6 +20,8 @@ from ragen_async.weight_sync import (
     check_probe,
 )
 
+pytestmark = pytest.mark.alone
+
 
 class RecordingReceiver:
     def __init__(self):

@@ -30,6 +30,8 @@ from ragen_async.weight_sync import (
     WeightSyncTimeout,
 )
 
+pytestmark = pytest.mark.alone
+
 TIMEOUT_S = 2.0
 WORKER_CALLS = ("start_weight_update", "update_weights", "finish_weight_update", "_ragen_retie")
 """vLLM's three update calls, then the worker extension's re-tie of tied weights."""
