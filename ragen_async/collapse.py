@@ -30,7 +30,7 @@ one that generated them; :func:`stale_tokens` pools them from the per-lag metric
   ``KL_RISE_MADS`` median absolute deviations above the median of its previous ``KL_RISE_TRAILING`` values
   (after ``KL_RISE_WARMUP`` steps with stale tokens): a rise of the drift against the run's own recent level,
   where ``stale_kl`` compares one step with a fixed multiple. Chosen on the staleness study's runs, where it came
-  10-21 steps before 4 of the confirmation's 5 crashes (docs/experiments.md, "The staleness controller").
+  10-21 steps before 4 of the confirmation's 5 crashes (studies/newlevels/README.md, "The KL-target controller: the design read").
 
 The report replays finished runs through the same class, and the adaptive staleness bound reacts to it
 while a run goes (to the signals ``staleness.adaptive_signals`` names), so both read one definition.

@@ -168,7 +168,7 @@ def test_a_goal_is_decided_on_point_values_outside_the_holm_family(tmp_path, mak
 CONFIRMED = {"H1": "held", "H2": "failed", "H3": "failed", "H4": "held", "H5": "held", "H6": "failed", "H7": "held",
              "H8": "failed", "F0": "failed", "F1": "not run", "F2": "not run", "F3": "not run", "F4": "not run",
              "C0": "held", "C1": "held", "C2": "held", "C3": "failed", "C4": "failed"}
-"""The confirmation's 18 verdicts as the hand-written ``report --confirm`` gave them (docs/experiments.md) before the
+"""The confirmation's 18 verdicts as the hand-written ``report --confirm`` gave them (studies/confirm/README.md) before the
 data file replaced it: checked equal, p for p, on the committed runs when the file was written (52d9128)."""
 CONFIRMED_P = {"H1": (0.0038, 0.0190), "H2": (0.1119, 0.1446), "H3": (0.0723, 0.1446), "H4": (0.0109, 0.0435),
                "H5": (0.0152, 0.0457), "C1": (0.0004, 0.0008), "C2": (0.0448, 0.0448)}
