@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`make paper-shape`: a paper config's settings end to end at Qwen2.5-0.5B's shape on CPU (issue 49, item 6).
+"""`make paper-shape`: a paper config's settings end to end at Qwen2.5-0.5B's shape on CPU.
 
     .venv/bin/python scripts/paper_shape.py                 # the full shape: 24 layers, vocabulary 151,936
     .venv/bin/python scripts/paper_shape.py --layers 2      # the quick variant (the 0.5B's widths and vocabulary)

@@ -1,5 +1,5 @@
-"""What configs/paper/README.md says about the paper configs' learner step, recomputed from the configs
-(issue #58, item 6): how many optimizer steps a learner step takes, and the off-policy correction of the
+"""What configs/paper/README.md says about the paper configs' learner step, recomputed from the configs:
+how many optimizer steps a learner step takes, and the off-policy correction of the
 asynchronous runs. The README's table is parsed, so it cannot drift from the configs."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Safe defaults at paper scale (issue #49, items 4 and 5): a failure between learner steps ends the run
+"""Safe defaults at paper scale: a failure between learner steps ends the run
 with a checkpoint of the last completed step that ``--resume`` continues; a relative run directory on a
 multi-node run is refused; a checkpoint is COMPLETE only with every learner rank's files, hashed; the
 learner group has its own timeout; the paper configs checkpoint and document their differences from RAGEN."""

@@ -92,7 +92,7 @@ SAMPLE_S = 0.5
 MIN_AVAILABLE_GIB = 0.75
 """Below this much available memory the run is stopped (SIGTERM) rather than left to the OOM killer."""
 BUDGET_S = 30 * 60
-"""What `make paper-shape` may take on the 2-core machine (issue 49)."""
+"""What `make paper-shape` may take on the 2-core machine."""
 VARIANTS: dict[str, dict[str, Any]] = {
     "ddp": {"layers": 8, "overrides": ["learner.strategy=ddp", "algo.kl_coef=0.001"]},
     "fsdp": {"layers": QWEN_0_5B["num_hidden_layers"], "overrides": ["learner.strategy=fsdp"]},
