@@ -17,7 +17,7 @@ from ragen_async.orchestrator import Trainer
 from ragen_async.rundir import RunDir
 from ragen_async.runtime import LocalAdmission
 from ragen_async.staleness import AdaptiveBound, AdmissionController, KLTargetBound
-from tests.test_buffer import make_group, plain_buffer
+from tests.fakes import make_group, plain_buffer
 
 
 def test_the_bound_halves_on_a_warning_and_grows_back_after_quiet_steps():

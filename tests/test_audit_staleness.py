@@ -196,7 +196,7 @@ def test_a_simulated_adaptive_run_audits_clean_against_the_bound_it_logged(tmp_p
     from ragen_async.metrics import JsonlSink
     from ragen_async.orchestrator import Trainer
     from ragen_async.provenance import bounds_from_metrics, read_provenance
-    from tests.test_loop import SimRuntime
+    from tests.fakes import TickRuntime
 
     cfg = load_config(None, [f"run_root={tmp_path}", "runtime=ray", "total_steps=24", "validation.every=0",
                              "checkpoint_every=0", "algo.filter_mode=none", "rollout.envs=[{tag: Bandit, n_groups: 4}]",
@@ -204,7 +204,7 @@ def test_a_simulated_adaptive_run_audits_clean_against_the_bound_it_logged(tmp_p
                              "staleness.max_staleness=3", "staleness.adaptive=true", "staleness.adaptive_min_k=1",
                              "staleness.adaptive_patience=3"])
     rd = RunDir.create(cfg)
-    trainer = Trainer(cfg, rd, JsonlSink(rd.metrics_path), SimRuntime(3, groups_per_step=4, producers=12, seed=5))
+    trainer = Trainer(cfg, rd, JsonlSink(rd.metrics_path), TickRuntime(3, groups_per_step=4, producers=12, seed=5))
     fired = iter([step in (6, 7, 15) for step in range(1, 25)])
     trainer.warnings.update = lambda record: {"grad_norm"} if next(fired) else set()
     asyncio.run(trainer.run())

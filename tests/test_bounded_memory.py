@@ -21,7 +21,7 @@ from ragen_async.metrics import MemorySink
 from ragen_async.orchestrator import Trainer
 from ragen_async.protocol import NO_VERSION, Trajectory, TrajectoryGroup
 from ragen_async.rundir import RunDir
-from tests.test_loop import SimRuntime
+from tests.fakes import TickRuntime
 
 B = 4
 
@@ -39,7 +39,7 @@ def tiny_group(index: int, version: int) -> TrajectoryGroup:
     return TrajectoryGroup(f"g{index:08d}", index, "sim", index, tuple(trajs))
 
 
-class FloodRuntime(SimRuntime):
+class FloodRuntime(TickRuntime):
     """Infinitely fast producers: every receive returns a newly finished group at once (the rest of the
     runtime is the loop test's simulation)."""
 

@@ -10,53 +10,9 @@ import torch
 
 from ragen_async.algo.advantages import group_normalize
 from ragen_async.buffer import BufferNotReady, TrajectoryBuffer, balance_by_tokens, group_index
-from ragen_async.protocol import NO_VERSION, Trajectory, TrajectoryGroup, TurnRecord
+from ragen_async.protocol import TrajectoryGroup
 from ragen_async.staleness import AdmissionController, format_group_id, parse_group_id
-
-
-def make_traj(group_id: str, i: int, turn_versions: list[int], reward: float, reply: int = 3) -> Trajectory:
-    """A 4-token prompt, then per turn ``reply`` sampled tokens (at that turn's version) + 2 env tokens."""
-    versions = [NO_VERSION] * 4
-    turns = []
-    for v in turn_versions:
-        versions += [v] * reply + [NO_VERSION] * 2
-        turns.append(TurnRecord(reward / len(turn_versions), ("up",), 0, True, v, v, reply, 0.1, 0.01))
-    tv = np.array(versions, np.int32)
-    mask = (tv != NO_VERSION).astype(np.int8)
-    return Trajectory(
-        traj_id=f"{group_id}/{i}",
-        env_tag="sokoban",
-        seed=0,
-        group_id=group_id,
-        token_ids=np.arange(len(tv), dtype=np.int32),
-        loss_mask=mask,
-        behaviour_logprobs=np.where(mask == 1, -0.5, 0.0).astype(np.float32),
-        token_versions=tv,
-        turns=tuple(turns),
-        format_penalty=0.0,
-        success=reward > 0,
-    )
-
-
-def make_group(
-    index: int,
-    version: int = 0,
-    rewards: tuple[float, ...] = (0.0, 1.0),
-    replies: tuple[int, ...] | None = None,
-    created_at: float = 0.0,
-    finished_at: float = 1.0,
-) -> TrajectoryGroup:
-    gid = format_group_id(index)
-    replies = replies or (3,) * len(rewards)
-    trajs = tuple(
-        make_traj(gid, i, [version, version], r, n) for i, (r, n) in enumerate(zip(rewards, replies, strict=True))
-    )
-    return TrajectoryGroup(gid, index, "sokoban", index, trajs, "w0", created_at, finished_at)
-
-
-def plain_buffer(groups_per_step: int = 2, max_staleness: int | None = 1, **kwargs) -> TrajectoryBuffer:
-    kwargs = {"filter_mode": "none", "filter_ratio": 1.0, "norm_mode": "mean_std", "num_ranks": 1} | kwargs
-    return TrajectoryBuffer(groups_per_step, max_staleness, **kwargs)
+from tests.fakes import advance_slots, make_group, plain_buffer
 
 
 def trajectory_ids(shards) -> list[tuple[str, ...]]:
@@ -294,27 +250,6 @@ def test_metrics():
 # Admission controller + buffer, with groups finishing out of order
 
 
-def advance_slots(slots: list[dict | None], ctrl, buf, rng, engine_version: int, learner_version: int,
-                  tick: int) -> None:
-    """One tick of simulated rollout slots: a free slot takes a group the controller admits (1-3 turns); a
-    slot whose turn ends plays its next turn at ``engine_version`` or, after its last, adds the group to
-    ``buf``. Slot 0 is pathologically slow (turns of up to 60 ticks, the others up to 6), so its groups are
-    overtaken by younger ones."""
-    for s, slot in enumerate(slots):
-        if slot is None:
-            if (index := ctrl.try_admit()) is None:
-                continue
-            slot = slots[s] = {"index": index, "versions": [], "left": 0, "turns": int(rng.integers(1, 4))}
-        if slot["left"] == 0:
-            if len(slot["versions"]) == slot["turns"]:
-                gid = format_group_id(slot["index"])
-                trajs = tuple(make_traj(gid, i, slot["versions"], float(rng.normal())) for i in range(2))
-                buf.add(TrajectoryGroup(gid, slot["index"], "e", 0, trajs), learner_version, now=float(tick))
-                slots[s] = None
-                continue
-            slot["versions"].append(engine_version)
-            slot["left"] = int(rng.integers(1, 60 if s == 0 else 6))
-        slot["left"] -= 1
 
 
 @pytest.mark.parametrize("k", [0, 1, 2])

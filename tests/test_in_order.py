@@ -20,8 +20,7 @@ from ragen_async.orchestrator import Trainer
 from ragen_async.provenance import audit_in_order, audit_staleness, bounds_from_metrics, read_provenance
 from ragen_async.rundir import RunDir
 from ragen_async.staleness import AdaptiveBound
-from tests.test_buffer import make_group, plain_buffer
-from tests.test_loop import SimRuntime
+from tests.fakes import TickRuntime, make_group, plain_buffer
 
 K, B = 2, 4
 
@@ -74,8 +73,8 @@ def test_a_resumed_in_order_buffer_starts_at_the_lowest_outstanding_index():
 # The loop, on simulated producers that finish out of order and die
 
 
-class DyingProducers(SimRuntime):
-    """SimRuntime's producers (random finishing order, a fifth of the groups very slow, replayed frames),
+class DyingProducers(TickRuntime):
+    """TickRuntime's producers (random finishing order, a fifth of the groups very slow, replayed frames),
     grouped into four actors of three slots; at the ticks in ``deaths`` actor w1 dies: its groups in play are
     lost and the gate hands every index it held and that is not yet resolved (waiting in the buffer
     included) to the next free slot, as the Ray runtime does (``AdmissionController.abandon``)."""
@@ -254,7 +253,7 @@ def _tick_run(k: int, tighten_to: int | None = None, at_version: int = 8, steps:
     the groups admitted before it that were trained after it."""
     from ragen_async.buffer import TrajectoryBuffer
     from ragen_async.staleness import AdmissionController
-    from tests.test_buffer import advance_slots
+    from tests.fakes import advance_slots
 
     rng = np.random.default_rng(seed)
     ctrl = AdmissionController(k, 2)

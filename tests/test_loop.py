@@ -10,119 +10,15 @@ for (consumed once, dropped once, or still outstanding).
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 from ragen_async.config import load_config
-from ragen_async.learner.learner import TrainResult
 from ragen_async.metrics import MemorySink
 from ragen_async.orchestrator import Trainer
-from ragen_async.protocol import NO_VERSION, Trajectory, TrajectoryGroup
 from ragen_async.provenance import read_provenance
 from ragen_async.rundir import RunDir
-from ragen_async.runtime import LocalAdmission, Runtime
-
-
-def sim_group(index: int, turn_versions: list[int], rng: np.random.Generator) -> TrajectoryGroup:
-    trajs = []
-    for i in range(2):
-        versions = [NO_VERSION] + [v for v in turn_versions for _ in range(3)]
-        tv = np.array(versions, np.int32)
-        mask = (tv != NO_VERSION).astype(np.int8)
-        trajs.append(Trajectory(
-            traj_id=f"g{index}/{i}", env_tag="sim", seed=index, group_id=f"g{index:08d}",
-            token_ids=np.arange(len(tv), dtype=np.int32), loss_mask=mask,
-            behaviour_logprobs=np.where(mask == 1, -1.0, 0.0).astype(np.float32), token_versions=tv, turns=(),
-            format_penalty=0.0, success=bool(rng.random() < 0.5)))
-    return TrajectoryGroup(f"g{index:08d}", index, "sim", index, tuple(trajs))
-
-
-class SimRuntime(Runtime):
-    """Producers on a tick clock. Each receive advances one tick: free producers take admitted groups
-    (a fifth of them very slow); each turn is tagged with the version served when the turn starts."""
-
-    def __init__(self, k: int | None, groups_per_step: int, producers: int, seed: int):
-        self.admission = LocalAdmission(k, groups_per_step)
-        self.rng = np.random.default_rng(seed)
-        self.producers = producers
-        self.served = 0
-        self.tick = 0
-        self.in_flight: list[dict] = []
-        self.finished: list[TrajectoryGroup] = []
-        self.admitted_at_version: dict[int, int] = {}
-        self.learner_version = 0
-
-    def _admit(self) -> None:
-        ctrl = self.admission.controller
-        while len(self.in_flight) < self.producers and (i := ctrl.try_admit()) is not None:
-            limit = ctrl.limit()
-            assert limit is None or ctrl.groups_started <= limit, (ctrl.groups_started, limit)
-            turns = int(self.rng.integers(1, 4))
-            slow = self.rng.random() < 0.2
-            self.in_flight.append({"index": i, "versions": [], "turns": turns, "left": 0, "slow": slow})
-
-    async def start(self) -> None:
-        pass
-
-    async def receive(self, timeout_s: float) -> TrajectoryGroup | None:
-        self.tick += 1
-        self._admit()
-        for g in list(self.in_flight):
-            if g["left"] > 0:
-                g["left"] -= 1
-                continue
-            if len(g["versions"]) == g["turns"]:
-                self.in_flight.remove(g)
-                self.finished.append(sim_group(g["index"], g["versions"], self.rng))
-                continue
-            g["versions"].append(self.served)
-            g["left"] = int(self.rng.integers(10, 40) if g["slow"] else self.rng.integers(0, 3))
-        if self.finished and self.rng.random() < 0.7:
-            group = self.finished.pop(int(self.rng.integers(len(self.finished))))  # random arrival order
-            if self.rng.random() < 0.05:
-                self.finished.append(group)  # the same frame arrives again later (a replay)
-            return group
-        return None
-
-    async def train(self, shards):
-        for _ in range(int(self.rng.integers(1, 6))):  # the learner takes a few ticks; producers go on
-            if (g := await self.receive(0)) is not None:
-                self.finished.append(g)
-        self.learner_version = shards[0].learner_version + 1
-        return TrainResult(self.learner_version, {"learner/num_tokens": 1.0})
-
-    async def publish(self, version: int) -> None:
-        self.served = version
-
-    async def probe(self, token_ids):
-        raise AssertionError("not used")
-
-    async def served_weights(self):
-        raise AssertionError("not used")
-
-    async def published_digests(self, version, needed):
-        raise AssertionError("not used")
-
-    async def validate(self):
-        return {}
-
-    async def rollout_stats(self):
-        return [{"busy_s": 0.0, "admission_wait_s": 0.0, "policy_version": float(self.served)}]
-
-    async def save(self, path: Path, step: int) -> None:
-        path.mkdir(parents=True, exist_ok=True)
-
-    async def load(self, path: Path) -> int:
-        raise AssertionError("not used")
-
-    @property
-    def vocab_size(self) -> int:
-        return 16
-
-    def close(self) -> None:
-        pass
+from tests.fakes import TickRuntime
 
 
 def sim_cfg(tmp_path, k, steps=40, B=4, consume="arrival"):
@@ -136,7 +32,7 @@ def sim_cfg(tmp_path, k, steps=40, B=4, consume="arrival"):
 @pytest.mark.parametrize("k", [0, 1, 2, None])
 def test_every_drop_returns_exactly_one_slot_and_the_bound_holds(tmp_path, k):
     cfg = sim_cfg(tmp_path, k)
-    runtime = SimRuntime(k, groups_per_step=4, producers=12, seed=k or 0)
+    runtime = TickRuntime(k, groups_per_step=4, producers=12, seed=k or 0)
     run_dir = RunDir.create(cfg)
     trainer = Trainer(cfg, run_dir, MemorySink(), runtime)
     sites = []
@@ -186,7 +82,7 @@ def test_audit_accounts_for_every_index_and_catches_a_duplicate(tmp_path):
     from ragen_async.cli import app
 
     cfg = sim_cfg(tmp_path, 1, steps=20)
-    runtime = SimRuntime(1, groups_per_step=4, producers=12, seed=3)
+    runtime = TickRuntime(1, groups_per_step=4, producers=12, seed=3)
     run_dir = RunDir.create(cfg)
     trainer = Trainer(cfg, run_dir, MemorySink(), runtime)
     asyncio.run(trainer.run())

@@ -60,7 +60,7 @@ def pack_header(header: dict) -> bytes:
     return msgpack.packb(_as_arrays(header), use_bin_type=True)
 
 
-def make_trajectory(rng: np.random.Generator, group_id: str, i: int, num_turns: int = 3) -> Trajectory:
+def random_trajectory(rng: np.random.Generator, group_id: str, i: int, num_turns: int = 3) -> Trajectory:
     """Prompt, then per turn a sampled reply and env feedback, tagged as a real rollout would tag them."""
     ids, mask, logprobs, versions, turns = [], [], [], [], []
     prompt = int(rng.integers(5, 30))
@@ -111,22 +111,22 @@ def make_trajectory(rng: np.random.Generator, group_id: str, i: int, num_turns: 
     )
 
 
-def make_group(rng: np.random.Generator, index: int = 7, size: int = 4) -> TrajectoryGroup:
+def random_group(rng: np.random.Generator, index: int = 7, size: int = 4) -> TrajectoryGroup:
     group_id = f"g{index:08d}"
     return TrajectoryGroup(
         group_id=group_id,
         index=index,
         env_tag="sokoban",
         seed=index,
-        trajectories=tuple(make_trajectory(rng, group_id, i) for i in range(size)),
+        trajectories=tuple(random_trajectory(rng, group_id, i) for i in range(size)),
         worker_id="rollout-3",
         created_at=1000.25,
         finished_at=1012.5,
     )
 
 
-def make_shard(rng: np.random.Generator) -> BatchShard:
-    trajs = make_group(rng, 1).trajectories + make_group(rng, 2).trajectories
+def random_shard(rng: np.random.Generator) -> BatchShard:
+    trajs = random_group(rng, 1).trajectories + random_group(rng, 2).trajectories
     n = len(trajs)
     return BatchShard(
         step=5,
@@ -168,10 +168,10 @@ class Messages:
         self.rng = np.random.default_rng(seed)
 
     def group(self, index: int = 7, size: int = 4) -> TrajectoryGroup:
-        return make_group(self.rng, index, size)
+        return random_group(self.rng, index, size)
 
     def shard(self) -> BatchShard:
-        return make_shard(self.rng)
+        return random_shard(self.rng)
 
 
 @pytest.fixture

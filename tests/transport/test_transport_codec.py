@@ -24,7 +24,7 @@ from ragen_async.protocol import (
 )
 from ragen_async.transport import CodecError, decode, encode, make_inproc_pair
 from ragen_async.transport.codec import CODEC_VERSION, REJECT_REASONS, _check_schema_covers, _digest, sign
-from tests.transport.conftest import header_maps, make_trajectory, pack_header
+from tests.transport.conftest import header_maps, random_trajectory, pack_header
 
 # ----------------------------------------------------------------------------------------------------
 # Round trips
@@ -459,7 +459,7 @@ def _with(traj, **arrays):
 def test_validate_many_counts_versions_as_each_trajectory_alone():
 
     rng = np.random.default_rng(5)
-    trajs = [make_trajectory(rng, "g", i, num_turns=int(rng.integers(1, 6))) for i in range(40)]
+    trajs = [random_trajectory(rng, "g", i, num_turns=int(rng.integers(1, 6))) for i in range(40)]
     assert sum(len(_brute_counts(t)) > 1 for t in trajs) >= 5  # several versions in one episode occur
     far = trajs[3].token_versions.copy()
     far[far >= 0] = np.where(np.arange((far >= 0).sum()) % 2, 7, 90_000)  # far apart: the unique path
@@ -479,7 +479,7 @@ def test_validate_many_counts_versions_as_each_trajectory_alone():
 def test_validate_many_raises_what_the_failing_trajectory_raises(corrupt):
 
     rng = np.random.default_rng(6)
-    trajs = [make_trajectory(rng, "g", i) for i in range(5)]
+    trajs = [random_trajectory(rng, "g", i) for i in range(5)]
     t = trajs[3]
     prompt = int(np.flatnonzero(t.loss_mask)[0]) - 1  # the last prompt token
     mask, versions, lp = t.loss_mask.copy(), t.token_versions.copy(), t.behaviour_logprobs.copy()
