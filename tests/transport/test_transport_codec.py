@@ -24,7 +24,7 @@ from ragen_async.protocol import (
 )
 from ragen_async.transport import CodecError, decode, encode, make_inproc_pair
 from ragen_async.transport.codec import CODEC_VERSION, REJECT_REASONS, _check_schema_covers, _digest, sign
-from tests.transport.conftest import header_maps, random_trajectory, pack_header
+from tests.transport.conftest import header_maps, pack_header, random_trajectory
 
 # ----------------------------------------------------------------------------------------------------
 # Round trips
