@@ -324,8 +324,8 @@ def bench_pipeline_cmd(
         help="pinned (disjoint CPU sets), unpinned (shared, same threads) and/or config (the config's own "
         "placement); default pinned and unpinned")] = None,
     consume: Annotated[list[str] | None, typer.Option(
-        help="staleness.consume of the runs: arrival and/or in_order (repeatable; default arrival); the table "
-        "gives each run's share of generated groups dropped")] = None,
+        help="staleness.consume of the runs: arrival and/or in_order (repeatable; default the config's own); the "
+        "table gives each run's share of generated groups dropped")] = None,
     out: Annotated[Path | None, typer.Option(help="append the table to this markdown file")] = None,
 ) -> None:
     """Throughput vs staleness k under runtime: ray, pinned (disjoint CPU sets), unpinned or as configured."""
@@ -335,7 +335,7 @@ def bench_pipeline_cmd(
     try:
         ks = [parse_k(x) for x in k] if k else [0, 1, 2, 4]
         modes = [parse_mode(m) for m in mode or ["pinned", "unpinned"]]
-        consumes = [parse_consume(c) for c in consume or ["arrival"]]
+        consumes = [parse_consume(c) for c in consume] if consume else [None]
     except ValueError as e:
         _fail(str(e))
     rows, table = bench_pipeline(config, overrides or [], ks, steps, warmup, modes, consumes)

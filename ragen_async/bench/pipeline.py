@@ -99,11 +99,13 @@ def parse_consume(text: str) -> str:
 
 
 def bench_config(base: RunConfig, k: int | None, mode: str, steps: int, cpus: list[int],
-                 consume: str = "arrival") -> RunConfig:
-    mode, consume = parse_mode(mode), parse_consume(consume)
+                 consume: str | None = None) -> RunConfig:
+    """The config of one benchmark run: ``base`` at bound ``k`` in placement ``mode``, consuming in ``consume``
+    order (``None``: the base config's own ``staleness.consume``)."""
+    mode = parse_mode(mode)
+    consume = parse_consume(consume if consume is not None else base.staleness.consume)
     data = base.model_dump()
-    suffix = "" if consume == "arrival" else "-in_order"
-    data.update(runtime="ray", total_steps=steps, name=f"bench-k{'inf' if k is None else k}-{mode}{suffix}")
+    data.update(runtime="ray", total_steps=steps, name=f"bench-k{'inf' if k is None else k}-{mode}-{consume}")
     data["validation"]["every"] = 0
     data["staleness"] = {"max_staleness": k, "fixed_lag": False, "consume": consume}
     data["logging"]["console"] = False
@@ -171,7 +173,8 @@ def format_table(rows: list[BenchRow]) -> str:
 
 
 def bench_pipeline(config: Path, overrides: list[str], ks: list[int | None], steps: int, warmup_steps: int,
-                   modes: list[str], consumes: tuple[str, ...] | list[str] = ("arrival",)) -> tuple[list[BenchRow], str]:
+                   modes: list[str], consumes: tuple[str | None, ...] | list[str | None] = (None,)
+                   ) -> tuple[list[BenchRow], str]:
     base = load_config(config, overrides)
     cpus = sorted(os.sched_getaffinity(0))
     configs = [(mode, bench_config(base, k, mode, steps, cpus, consume)) for mode in modes for consume in consumes

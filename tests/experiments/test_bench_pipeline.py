@@ -24,7 +24,7 @@ def test_k_is_an_integer_or_inf():
 def test_an_unbounded_run_is_benched_and_labelled_unbounded():
     base = load_config("configs/tiny/study_specimen.yaml")
     cfg = bench_config(base, None, "pinned", steps=8, cpus=[0, 1])
-    assert cfg.staleness.max_staleness is None and cfg.name == "bench-kinf-pinned"
+    assert cfg.staleness.max_staleness is None and cfg.name == "bench-kinf-pinned-in_order"
     assert cfg.rollout.cpu_affinity == [0] and cfg.learner.cpu_affinity == [1] and cfg.validation.every == 0
     assert bench_config(base, 0, "unpinned", steps=8, cpus=[0, 1]).staleness.max_staleness == 0
 
@@ -41,7 +41,7 @@ def test_config_mode_keeps_the_configs_placement():
     that placement, ``unpinned`` gives each side one thread, ``pinned`` one core each."""
     base = load_config("configs/tiny/study_specimen.yaml")
     shared = bench_config(base, 0, "config", steps=8, cpus=[0, 1])
-    assert shared.name == "bench-k0-config" and shared.rollout.cpu_affinity is None
+    assert shared.name == "bench-k0-config-in_order" and shared.rollout.cpu_affinity is None
     assert (shared.rollout.cpus_per_worker, shared.learner.torch_threads) == (base.rollout.cpus_per_worker,
                                                                               base.learner.torch_threads) == (2, 2)
     split = bench_config(load_config("configs/tiny/study_specimen_split.yaml"), 2, "config", steps=8, cpus=[0, 1])
@@ -56,7 +56,9 @@ def test_both_consumption_modes_are_benched_side_by_side_with_their_drops():
     base = load_config("configs/tiny/study_specimen.yaml")
     cfg = bench_config(base, 2, "config", steps=8, cpus=[0, 1], consume="in_order")
     assert (cfg.staleness.consume, cfg.staleness.max_staleness, cfg.name) == ("in_order", 2, "bench-k2-config-in_order")
-    assert bench_config(base, 2, "config", steps=8, cpus=[0, 1]).staleness.consume == "arrival"
+    assert bench_config(base, 2, "config", steps=8, cpus=[0, 1]).staleness.consume == "in_order"  # the config's own
+    arrival = load_config("configs/tiny/study_specimen.yaml", ["staleness.consume=arrival"])
+    assert bench_config(arrival, 2, "config", steps=8, cpus=[0, 1]).staleness.consume == "arrival"
 
     def row(k, consume, groups_per_s, dropped):
         return BenchRow("config", k, groups_per_s, 1000.0, 0.1, 0.2, 1.0, 1.0, 1.0, 6, 60.0, consume, dropped)
