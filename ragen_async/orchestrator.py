@@ -311,8 +311,9 @@ class Trainer:
             await self.runtime.admission.resolve(consumed, [d.index for d in drops])
 
     async def adapt(self, record: dict[str, Any]) -> None:
-        """This step's early warnings (``warning/<signal>`` in ``record``); under adaptive staleness they
-        set the bound for the next steps, in the buffer and at admission together."""
+        """This step's early warnings (``warning/<signal>`` in ``record``); under adaptive staleness they, or with
+        ``staleness.kl_target`` the stale tokens' KL, set the bound for the next steps, at admission and in the
+        buffer together, and the record says whether it moved (``staleness/bound_change``)."""
         record.update(stale_tokens(record))
         fired = self.warnings.update(record)
         record.update({f"warning/{s}": float(s in fired) for s in SIGNALS})
