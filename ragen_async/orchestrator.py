@@ -331,7 +331,9 @@ class Trainer:
         if after != before:
             why = self.bound.reason + (f" ({', '.join(sorted(fired))})" if fired and self.bound.reason == "a warning"
                                        else "")
-            log.info("adaptive staleness: bound %s -> %s after step %s: %s", before, after, record.get("learner/step"), why)
+            line = f"adaptive staleness: bound {before} -> {after} after step {record.get('learner/step')}: {why}"
+            print(line, flush=True)  # the run's console, with its step lines
+            log.info(line)
             await self.set_bound(after)
 
     async def set_bound(self, k: int | None) -> None:

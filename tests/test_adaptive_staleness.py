@@ -255,7 +255,7 @@ def test_kl_rise_fires_on_a_rise_against_the_runs_own_level_and_survives_a_check
     assert fresh.kl_average is None and not fresh.kl_history
 
 
-def test_the_loop_holds_the_stale_kl_under_its_target_and_logs_why_the_bound_moved(tmp_path, caplog):
+def test_the_loop_holds_the_stale_kl_under_its_target_and_logs_why_the_bound_moved(tmp_path, caplog, capsys):
     cfg = load_config("configs/tiny/starpo_s_bandit.yaml", [
         f"run_root={tmp_path}", "runtime=ray", "staleness.max_staleness=4", "staleness.adaptive=true",
         "staleness.kl_target=0.001", "staleness.adaptive_max_k=6", "staleness.adaptive_patience=2",
@@ -272,4 +272,6 @@ def test_the_loop_holds_the_stale_kl_under_its_target_and_logs_why_the_bound_mov
     assert [r["staleness/bound_change"] for r in records][:5] == [0, 1, 0, 1, 0]
     assert all(r["staleness/controller_kl"] > 0 for r in records)
     assert "over the target" in caplog.text and "under half the target" in caplog.text
+    printed = capsys.readouterr().out  # and on the run's console
+    assert "adaptive staleness: bound 4 -> 5 after step None: stale KL under half the target for 2 steps" in printed
     assert trainer.buffer.max_staleness == runtime.admission.controller.max_staleness == runtime.admission.moves[-1]
