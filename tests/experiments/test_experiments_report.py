@@ -197,3 +197,21 @@ def test_baselines_are_drawn_on_every_validation_plot(sweep_like, tmp_path, monk
     legend = [t.get_text() for t in saved["curves_val_success.png"].axes[0].get_legend().get_texts()]
     assert "random (0.211)" in legend and "oracle (1)" in legend
     assert levels(saved["curves_entropy.png"].axes[0]) == []  # not on the other curves
+
+
+def test_the_report_gives_each_adaptive_runs_bound_and_its_moves(tmp_path, make_run):
+    from ragen_async.study.report import find_runs
+    from ragen_async.study.report.tables import bound_section
+
+    bounds = {s: 4 if s < 8 else 2 if s < 15 else 3 for s in range(1, 21)}
+    moved = make_run(tmp_path / "kl-s0", steps=20, k=4, config={"staleness": {"max_staleness": 4, "adaptive": True}},
+                     extra={s: {"staleness/max_staleness": float(b), "staleness/bound_change":
+                                float(-(s == 7) + (s == 14))} for s, b in bounds.items()})
+    older = make_run(tmp_path / "ess-s0", steps=20, k=None, config={"staleness": {"max_staleness": None, "adaptive": True}},
+                     extra={s: {"staleness/max_staleness": float("nan") if s < 10 else 4.0} for s in range(1, 21)})
+    make_run(tmp_path / "k4-s0", steps=20, k=4)  # a fixed bound: not listed
+    runs, _ = find_runs([moved, older, tmp_path / "k4-s0"])
+    text = "\n".join(bound_section(runs))
+    assert "| kl-s0 | 3.00 | 2 - 4 | 0 | 1 | 1 |" in text  # (7 x 4 + 7 x 2 + 6 x 3) / 20
+    assert "| ess-s0 | 4.00 | 4 - 4 | 9 | 1 | 0 |" in text  # engaged from unbounded: lowered once
+    assert "k4-s0" not in text

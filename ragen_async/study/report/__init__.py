@@ -129,6 +129,7 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
     header = [h.format(t=f"{threshold:g}") for h in tables.OVERVIEW]
     lines += [*tables.table(header, (tables.overview_row(s) for s in summaries)), ""]
     lines += tables.cells_section(summaries, collapse_floor)
+    lines += tables.bound_section(runs)
     drop_lines, drop_console = drops.drops_section(summaries, level_differences)
     lines += drop_lines
     lines += tables.against_sync_section(summaries)

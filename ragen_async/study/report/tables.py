@@ -4,6 +4,7 @@ section per run) and the per-run CSV rows. Statistics come from :mod:`ragen_asyn
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -287,3 +288,33 @@ def equal_time_section(runs: Sequence[RunData], summaries: Sequence[RunSummary],
     header = ["k", "runs", "groups/s", "minutes for the budget", "final val", "gain per 100 steps",
               f"step reached at {equal:.1f} min", f"val at {equal:.1f} min"]
     return [*lines, *table(header, rows), ""]
+
+
+def bound_section(runs: Sequence[RunData]) -> list[str]:
+    """Per run whose bound moved (``staleness.adaptive``): the bound over its learner steps (mean, lowest, highest,
+    steps unbounded), how often it was lowered and raised (``staleness/bound_change``, or the steps where
+    ``staleness/max_staleness`` changed in runs logged before it), and the realised mean age beside it."""
+    rows = []
+    for run in runs:
+        if run.lag != "adaptive" or not run.train:
+            continue
+        bounds = [r.get("staleness/max_staleness") for r in run.train]
+        finite = [float(b) for b in bounds if isinstance(b, (int, float)) and math.isfinite(b)]
+        unbounded = len(bounds) - len(finite)
+        steps, change = run.series("staleness/bound_change")
+        if steps.size:
+            down, up = int((change < 0).sum()), int((change > 0).sum())
+        else:  # logged before bound_change: the moves are where the logged bound differs from the step before
+            level = [math.inf if not (isinstance(b, (int, float)) and math.isfinite(b)) else float(b) for b in bounds]
+            down = sum(1 for a, b in itertools.pairwise(level) if b < a)
+            up = sum(1 for a, b in itertools.pairwise(level) if b > a)
+        _, age = run.series("staleness/mean")
+        rows.append([run.name, f"{np.mean(finite):.2f}" if finite else MISSING,
+                     f"{min(finite):.0f} - {max(finite):.0f}" if finite else MISSING, str(unbounded), str(down), str(up),
+                     f"{age.mean():.2f}" if age.size else MISSING])
+    if not rows:
+        return []
+    return ["## The adaptive bound", "",
+            "Per run whose bound moved: the bound over its learner steps (steps unbounded apart), how often it was "
+            "lowered and raised, and the tokens' realised mean age.", "",
+            *table(["run", "mean bound", "range", "steps unbounded", "lowered", "raised", "mean age"], rows), ""]
