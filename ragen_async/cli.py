@@ -83,7 +83,7 @@ VerboseOpt = Annotated[bool, typer.Option(
 
 
 def _setup_logging(verbose: bool = False) -> None:
-    from ragen_async.logfiles import LOG_LEVEL_ENV
+    from ragen_async.records.logfiles import LOG_LEVEL_ENV
 
     if verbose:
         os.environ[LOG_LEVEL_ENV] = "INFO"
@@ -106,10 +106,10 @@ def train(
     RUN_DIR/logs/). SIGTERM or SIGUSR1 stops the run after the current step with a checkpoint (exit status
     75; continue with --resume)."""
     _setup_logging(verbose)
-    from ragen_async.logfiles import one_line
-    from ragen_async.logfiles import verbose as verbose_console
     from ragen_async.orchestrator import Interrupted, summarize_val
     from ragen_async.orchestrator import train as run_train
+    from ragen_async.records.logfiles import one_line
+    from ragen_async.records.logfiles import verbose as verbose_console
 
     cfg = None if resume is not None else _load(config, overrides)
     if resume is not None and (config is not None or overrides or run_dir is not None):
@@ -160,7 +160,7 @@ def pack(
 ) -> None:
     """Compress runs' metrics.jsonl and provenance.jsonl (gzip, about a tenth of the size) so a study's runs are
     small enough to commit: report, audit and watch read them packed, and train --resume unpacks them first."""
-    from ragen_async.rundir import pack_run
+    from ragen_async.records.rundir import pack_run
     from ragen_async.study.report import find_runs
 
     runs, warnings = find_runs(paths)
@@ -195,7 +195,7 @@ def audit(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> N
     from rich.markup import escape
     from rich.table import Table
 
-    from ragen_async.provenance import CannotAudit, audit_run_dir
+    from ragen_async.records.provenance import CannotAudit, audit_run_dir
 
     try:
         a = audit_run_dir(run_dir)

@@ -8,7 +8,7 @@ Setup wires the parts (config -> run directory, metrics sinks, runtime, trajecto
     (v+1, or v+1-k under fixed lag) and open admission for v+1 -> log -> checkpoint / validate
     (always version v+1; under fixed lag admission opens after it on the steps that validate)
 
-The runtime (``runtime.py``: local, in one process; ``ray_runtime.py``: Ray actors, ZeroMQ,
+The runtime (``runtime/local.py``: local, in one process; ``runtime/ray_runtime.py``: Ray actors, ZeroMQ,
 gloo/NCCL) is the only thing that differs between ``runtime: local`` and ``runtime: ray``.
 Validation, checkpoints, the time budget, resume and the weight-sync probe exist here, once.
 
@@ -37,19 +37,26 @@ from typing import Any
 
 import numpy as np
 
-from ragen_async import reaper
-from ragen_async.budget import TrainingBudget
 from ragen_async.buffer import Batch, TrajectoryBuffer
 from ragen_async.collapse import SIGNALS, CollapseWatch, EarlyWarning, stale_tokens
 from ragen_async.config import RunConfig, load_saved_config
-from ragen_async.engine_pool import EnginePool
-from ragen_async.logfiles import keep_traceback, log_dir, loggers_to, one_line, output_to
-from ragen_async.metrics import ConsoleSink, JsonlSink, MetricsSink, MultiSink, WandbSink, resolve_wandb_mode
 from ragen_async.protocol import NO_VERSION
-from ragen_async.provenance import ProvenanceLog, rewind_jsonl
+from ragen_async.records import reaper
+from ragen_async.records.budget import TrainingBudget
+from ragen_async.records.logfiles import keep_traceback, log_dir, loggers_to, one_line, output_to
+from ragen_async.records.metrics import ConsoleSink, JsonlSink, MetricsSink, MultiSink, WandbSink, resolve_wandb_mode
+from ragen_async.records.provenance import ProvenanceLog, rewind_jsonl
+from ragen_async.records.rundir import (
+    DRIVER_STATE,
+    RunDir,
+    finalize_checkpoint,
+    refuse_relative,
+    staging_path,
+    unpack_run,
+)
 from ragen_async.rollout.worker import rollout_metrics
-from ragen_async.rundir import DRIVER_STATE, RunDir, finalize_checkpoint, refuse_relative, staging_path, unpack_run
 from ragen_async.runtime import Runtime
+from ragen_async.runtime.engine_pool import EnginePool
 from ragen_async.staleness import AdaptiveBound, KLTargetBound
 from ragen_async.weight_sync.probe import check_probe
 from ragen_async.weight_sync.verify import check_served, needed_digests
@@ -131,7 +138,7 @@ def make_runtime(cfg: RunConfig, log_dir: Path | None = None, pool: EnginePool |
     ``run_dir_given``: the run directory as the user gave it and how (``run_root``, ``--run-dir``,
     ``--resume``); the Ray runtime refuses a relative one once it sees a cluster of several nodes."""
     if cfg.runtime == "ray":
-        from ragen_async.ray_runtime import RayRuntime
+        from ragen_async.runtime.ray_runtime import RayRuntime
 
         return RayRuntime(cfg, log_dir, pool, run_dir_given=run_dir_given)
     import torch
@@ -587,7 +594,7 @@ def _refuse_relative_on_multi_node(cfg: RunConfig, given: tuple[str | Path, str]
     (SLURM's, or a Ray cluster this process is already connected to), is refused. A cluster reached
     through ``RAY_ADDRESS`` is counted once the runtime connects (``RayRuntime``)."""
     if cfg.runtime == "ray":
-        from ragen_async.ray_runtime import multi_node
+        from ragen_async.runtime.ray_runtime import multi_node
 
         refuse_relative(*given, multi_node())
 

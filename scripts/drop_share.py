@@ -23,7 +23,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from ragen_async.provenance import bounds_from_metrics
+from ragen_async.records.provenance import bounds_from_metrics
 
 
 def _records(path: Path) -> list[dict]:

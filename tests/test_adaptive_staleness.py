@@ -12,9 +12,9 @@ import pytest
 
 from ragen_async.collapse import EarlyWarning, stale_tokens
 from ragen_async.config import ConfigError, load_config
-from ragen_async.metrics import MemorySink
 from ragen_async.orchestrator import Trainer
-from ragen_async.rundir import RunDir
+from ragen_async.records.metrics import MemorySink
+from ragen_async.records.rundir import RunDir
 from ragen_async.runtime import LocalAdmission
 from ragen_async.staleness import AdaptiveBound, AdmissionController, KLTargetBound
 from tests.fakes import make_group, plain_buffer

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from ragen_async.cli import app
 from ragen_async.config import load_config
-from ragen_async.rundir import DRIVER_STATE, RunDir, finalize_checkpoint, staging_path
+from ragen_async.records.rundir import DRIVER_STATE, RunDir, finalize_checkpoint, staging_path
 
 B = 2  # groups per step
 
@@ -103,7 +103,7 @@ def test_a_group_one_version_too_old_is_caught_and_named(tmp_path):
 
 
 def test_unbounded_and_synchronous_runs(tmp_path):
-    from ragen_async.provenance import audit_staleness
+    from ragen_async.records.provenance import audit_staleness
 
     records = _records([[0, 0], [1, 0], [2, 2], [3, 1]])
     result = audit_staleness(records, None)
@@ -122,7 +122,7 @@ FIXED = [[0, 0], [1, 1], [2, 2], [2, 2]]  # k = 2 under fixed lag: exactly min(2
 
 
 def test_fixed_lag_exact_passes_and_one_group_off_by_one_is_caught(tmp_path):
-    from ragen_async.provenance import audit_staleness
+    from ragen_async.records.provenance import audit_staleness
 
     fixed = ["staleness.max_staleness=2", "staleness.fixed_lag=true"]
     result, output = _audit(_run_dir(tmp_path / "exact", fixed, _records(FIXED)))
@@ -151,7 +151,7 @@ ADAPTIVE_K = ["staleness.max_staleness=3", "staleness.adaptive=true", "staleness
 
 
 def test_adaptive_a_group_within_max_staleness_but_above_the_bound_in_force_is_caught(tmp_path):
-    from ragen_async.provenance import audit_staleness, bounds_from_metrics
+    from ragen_async.records.provenance import audit_staleness, bounds_from_metrics
 
     result, output = _audit(_run_dir(tmp_path / "clean", ADAPTIVE_K, _records(ADAPTIVE), bounds=[3, 1, 1, 1]))
     assert result.exit_code == 0, output
@@ -193,9 +193,9 @@ def test_a_simulated_adaptive_run_audits_clean_against_the_bound_it_logged(tmp_p
     groups older than a later, lowered bound were consumed before it was lowered."""
     import asyncio
 
-    from ragen_async.metrics import JsonlSink
     from ragen_async.orchestrator import Trainer
-    from ragen_async.provenance import bounds_from_metrics, read_provenance
+    from ragen_async.records.metrics import JsonlSink
+    from ragen_async.records.provenance import bounds_from_metrics, read_provenance
     from tests.fakes import TickRuntime
 
     cfg = load_config(None, [f"run_root={tmp_path}", "runtime=ray", "total_steps=24", "validation.every=0",

@@ -17,10 +17,10 @@ import pytest
 
 from ragen_async.config import load_config
 from ragen_async.learner.learner import TrainResult
-from ragen_async.metrics import MemorySink
 from ragen_async.orchestrator import Trainer
 from ragen_async.protocol import NO_VERSION, Trajectory, TrajectoryGroup
-from ragen_async.rundir import RunDir
+from ragen_async.records.metrics import MemorySink
+from ragen_async.records.rundir import RunDir
 from tests.fakes import TickRuntime
 
 B = 4

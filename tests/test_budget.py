@@ -1,6 +1,6 @@
 """The wall-clock training budget: charges only running spans, stops once the limit is reached."""
 
-from ragen_async.budget import TrainingBudget
+from ragen_async.records.budget import TrainingBudget
 
 
 class FakeClock:

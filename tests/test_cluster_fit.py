@@ -3,7 +3,7 @@
 import pytest
 
 from ragen_async.config import load_config
-from ragen_async.ray_runtime import check_cluster_fits
+from ragen_async.runtime.ray_runtime import check_cluster_fits
 
 
 def test_a_cluster_without_the_gpus_the_config_needs_is_refused():

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ragen_async.provenance import read_provenance
+from ragen_async.records.provenance import read_provenance
 
 pytestmark = [pytest.mark.ray_lane, pytest.mark.vllm, pytest.mark.slow]
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from ragen_async.config import load_config
-from ragen_async.engine_pool import EnginePool, engine_key
+from ragen_async.runtime.engine_pool import EnginePool, engine_key
 
 
 def key(*overrides, worker="w0", backend="gloo"):

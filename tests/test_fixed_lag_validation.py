@@ -16,11 +16,11 @@ import pytest
 
 from ragen_async.config import load_config
 from ragen_async.learner.learner import TrainResult
-from ragen_async.metrics import MemorySink
 from ragen_async.orchestrator import Trainer
 from ragen_async.protocol import NO_VERSION, Trajectory, TrajectoryGroup
-from ragen_async.provenance import read_provenance
-from ragen_async.rundir import RunDir
+from ragen_async.records.metrics import MemorySink
+from ragen_async.records.provenance import read_provenance
+from ragen_async.records.rundir import RunDir
 from ragen_async.runtime import LocalAdmission, Runtime
 
 TURNS = 3

@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 from ragen_async.buffer import BufferNotReady
 from ragen_async.cli import app
 from ragen_async.config import load_config
-from ragen_async.metrics import MemorySink
 from ragen_async.orchestrator import Trainer
-from ragen_async.provenance import audit_in_order, audit_staleness, bounds_from_metrics, read_provenance
-from ragen_async.rundir import RunDir
+from ragen_async.records.metrics import MemorySink
+from ragen_async.records.provenance import audit_in_order, audit_staleness, bounds_from_metrics, read_provenance
+from ragen_async.records.rundir import RunDir
 from ragen_async.staleness import AdaptiveBound
 from tests.fakes import TickRuntime, make_group, plain_buffer
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ragen_async import logfiles
+from ragen_async.records import logfiles
 
 
 def test_redirected_output_of_a_process_and_of_the_processes_it_starts_lands_in_the_file(tmp_path):
@@ -15,7 +15,7 @@ def test_redirected_output_of_a_process_and_of_the_processes_it_starts_lands_in_
     code = (
         "import subprocess, sys\n"
         "from pathlib import Path\n"
-        "from ragen_async.logfiles import redirect_output\n"
+        "from ragen_async.records.logfiles import redirect_output\n"
         "print('before', flush=True)\n"
         f"assert redirect_output(Path({str(log)!r}))\n"
         "print('to the file'); print('stderr too', file=sys.stderr)\n"

@@ -13,9 +13,9 @@ from ragen_async.agent.chat import ChatFormat
 from ragen_async.agent.parsing import format_reply
 from ragen_async.config import load_config
 from ragen_async.inference.fake_engine import FakeEngine
-from ragen_async.metrics import MemorySink
 from ragen_async.orchestrator import run_trainer
-from ragen_async.rundir import RunDir, pack_run
+from ragen_async.records.metrics import MemorySink
+from ragen_async.records.rundir import RunDir, pack_run
 from ragen_async.runtime import LocalRuntime
 
 pytestmark = pytest.mark.clusters_lane
@@ -207,8 +207,8 @@ def test_starting_ray_keeps_the_runs_sigterm_handler_and_sizes_the_session_for_t
 
     import ray
 
-    from ragen_async.engine_pool import EnginePool
-    from ragen_async.ray_runtime import RayRuntime
+    from ragen_async.runtime.engine_pool import EnginePool
+    from ragen_async.runtime.ray_runtime import RayRuntime
 
     started = {}
 

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from ragen_async import orchestrator, rundir
+from ragen_async import orchestrator
 from ragen_async.agent.chat import ChatFormat
 from ragen_async.config import LearnerConfig, RunConfig, load_config
-from ragen_async.metrics import MemorySink
 from ragen_async.orchestrator import Trainer, run_trainer
-from ragen_async.rundir import DRIVER_STATE, RunDir, finalize_checkpoint, staging_path, verify_checkpoint
+from ragen_async.records import rundir
+from ragen_async.records.metrics import MemorySink
+from ragen_async.records.rundir import DRIVER_STATE, RunDir, finalize_checkpoint, staging_path, verify_checkpoint
 from ragen_async.runtime import LocalRuntime
 from tests.test_orchestrator_local import bandit_cfg, fake_bandit_engine
 
@@ -203,7 +204,7 @@ def test_refuse_relative_names_the_fix_in_one_line():
 def test_multi_node_is_slurm_s_node_count_or_the_ray_cluster_s(monkeypatch):
     import ray
 
-    from ragen_async import ray_runtime
+    from ragen_async.runtime import ray_runtime
 
     for var in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
         monkeypatch.delenv(var, raising=False)
@@ -237,8 +238,8 @@ def test_a_ray_run_with_a_relative_run_root_on_slurm_nodes_is_refused_before_any
 def test_the_ray_runtime_refuses_a_relative_run_dir_once_it_sees_several_nodes(monkeypatch):
     """Under ``ray job submit`` the driver learns the cluster's size only when it connects (RAY_ADDRESS):
     the runtime refuses there, before any actor starts."""
-    from ragen_async import ray_runtime
-    from ragen_async.ray_runtime import RayRuntime
+    from ragen_async.runtime import ray_runtime
+    from ragen_async.runtime.ray_runtime import RayRuntime
 
     monkeypatch.setattr(RayRuntime, "_init_ray", lambda self: None)
     monkeypatch.setattr(RayRuntime, "_build", lambda self: pytest.fail("actors started"))
@@ -272,8 +273,8 @@ def test_refuse_unshared_names_the_path_the_blind_nodes_and_the_fix(tmp_path):
 def test_the_ray_runtime_refuses_a_node_local_run_dir_before_any_actor_starts(tmp_path, monkeypatch):
     """An absolute path that is a folder of its own on each node (``/tmp/runs``) passes the relative check; the
     runtime asks every node whether it sees a file written there, before any actor starts."""
-    from ragen_async import ray_runtime
-    from ragen_async.ray_runtime import RayRuntime
+    from ragen_async.runtime import ray_runtime
+    from ragen_async.runtime.ray_runtime import RayRuntime
 
     monkeypatch.setattr(RayRuntime, "_init_ray", lambda self: None)
     monkeypatch.setattr(RayRuntime, "_build", lambda self: pytest.fail("actors started"))
@@ -286,7 +287,7 @@ def test_the_ray_runtime_refuses_a_node_local_run_dir_before_any_actor_starts(tm
 
 def test_learner_ranks_get_absolute_checkpoint_paths(tmp_path, monkeypatch):
     """A rank's working directory need not be the driver's: the paths it is sent are absolute."""
-    from ragen_async.ray_runtime import RayRuntime
+    from ragen_async.runtime.ray_runtime import RayRuntime
 
     sent = []
 

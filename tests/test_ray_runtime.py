@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from ragen_async.config import load_config
-from ragen_async.metrics import MemorySink
 from ragen_async.orchestrator import run_trainer
-from ragen_async.provenance import audit, read_provenance
-from ragen_async.rundir import RunDir
+from ragen_async.records.metrics import MemorySink
+from ragen_async.records.provenance import audit, read_provenance
+from ragen_async.records.rundir import RunDir
 
 pytestmark = [pytest.mark.ray_lane, pytest.mark.vllm, pytest.mark.slow]
 
@@ -41,7 +41,7 @@ def ray_session():
 
 @pytest.fixture(scope="module")
 def pool(ray_session):
-    from ragen_async.engine_pool import EnginePool
+    from ragen_async.runtime.engine_pool import EnginePool
 
     with EnginePool() as p:
         yield p
@@ -64,7 +64,7 @@ def ray_cfg_overrides(model_path, tmp_path):
 
 def run_ray(cfg, during=None, run_dir=None, resume=False, pool=None):
     """Run the loop on a RayRuntime; ``during(runtime)`` runs in a thread while it trains."""
-    from ragen_async.ray_runtime import RayRuntime
+    from ragen_async.runtime.ray_runtime import RayRuntime
 
     run_dir = run_dir or RunDir.create(cfg)
     sink = MemorySink()
@@ -283,7 +283,7 @@ def test_a_dead_learner_rank_stops_the_run_with_a_clear_error_and_resume_complet
     cfg = ray_cfg(tiny_model_path, tmp_path, "staleness.max_staleness=1", "rollout.num_workers=1",
                   "total_steps=30", "checkpoint_every=2", "weight_sync.timeout_s=30")
 
-    from ragen_async.ray_runtime import RayRuntime
+    from ragen_async.runtime.ray_runtime import RayRuntime
 
     run_dir = RunDir.create(cfg)
     runtime = RayRuntime(cfg, pool=pool)
@@ -408,7 +408,7 @@ def test_a_staleness_sweep_trains_for_real_on_ray_and_makes_room_for_a_run_that_
 
 def test_the_runtime_s_counters_travel_with_the_checkpoint(tmp_path):
     """Rollout actors replaced and groups abandoned are running totals: a resumed run continues them."""
-    from ragen_async.ray_runtime import RayRuntime
+    from ragen_async.runtime.ray_runtime import RayRuntime
 
     class Call:
         def __init__(self, result):
@@ -436,7 +436,7 @@ def test_every_alive_node_is_asked_whether_it_sees_the_run_directory_s_marker(tm
     the token sees the driver's folder; one that reads nothing or something else is named."""
     import ray
 
-    from ragen_async.ray_runtime import blind_nodes
+    from ragen_async.runtime.ray_runtime import blind_nodes
 
     marker = tmp_path / ".shared-check"
     marker.write_text("token")

@@ -11,14 +11,14 @@ import time
 import psutil
 import pytest
 
-from ragen_async import reaper
+from ragen_async.records import reaper
 
 pytestmark = pytest.mark.slow  # waits on process deaths by design
 
 # A stand-in driver: starts the reaper on itself, then a grandchild that would outlive it, then waits.
 DRIVER = """
 import subprocess, sys, time
-from ragen_async import reaper
+from ragen_async.records import reaper
 r = reaper.start()
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 print(child.pid, flush=True)

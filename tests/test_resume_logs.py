@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from ragen_async.metrics import WandbSink
-from ragen_async.provenance import rewind_jsonl
+from ragen_async.records.metrics import WandbSink
+from ragen_async.records.provenance import rewind_jsonl
 
 
 def test_rewind_drops_records_past_the_checkpoint(tmp_path):

@@ -34,10 +34,10 @@ import psutil
 import pytest
 
 from ragen_async.config import load_config
-from ragen_async.metrics import MemorySink
 from ragen_async.orchestrator import run_trainer
-from ragen_async.provenance import audit, read_provenance
-from ragen_async.rundir import RunDir
+from ragen_async.records.metrics import MemorySink
+from ragen_async.records.provenance import audit, read_provenance
+from ragen_async.records.rundir import RunDir
 
 pytestmark = [pytest.mark.ray_lane, pytest.mark.soak, pytest.mark.vllm, pytest.mark.slow]
 
@@ -83,7 +83,7 @@ def test_soak_with_actor_kills(tiny_model_path, tmp_path):
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=8, include_dashboard=False, object_store_memory=200 * 2**20, log_to_driver=False,
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled"}})
-    from ragen_async.ray_runtime import RayRuntime
+    from ragen_async.runtime.ray_runtime import RayRuntime
 
     out = Path(os.environ.get("SOAK_OUT", tmp_path))
     out.mkdir(parents=True, exist_ok=True)

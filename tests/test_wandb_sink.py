@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ragen_async.metrics import WandbSink, staleness_histogram
+from ragen_async.records.metrics import WandbSink, staleness_histogram
 
 
 def test_staleness_histogram_from_the_step_counters():

@@ -638,7 +638,7 @@ def _run(args: argparse.Namespace) -> int:
     checks = Checks()
 
     from ragen_async.config import dump_config, load_config
-    from ragen_async.rundir import verify_checkpoint
+    from ragen_async.records.rundir import verify_checkpoint
 
     # --- 1. the model
     model_dir = args.model_dir or model_dir_for(args.layers, args.vocab)

@@ -57,9 +57,9 @@ from ragen_async.config import RunConfig
 from ragen_async.inference.base import Generation, InferenceEngine, SamplingConfig
 from ragen_async.learner.learner import TrainResult
 from ragen_async.protocol import NO_VERSION, Trajectory, TrajectoryGroup, TurnRecord
-from ragen_async.ray_runtime import RayRuntime
 from ragen_async.rollout.actor import ADMIT_WAIT_S
 from ragen_async.rollout.worker import RolloutWorker, assign_group
+from ragen_async.runtime.ray_runtime import RayRuntime
 from ragen_async.staleness import format_group_id
 from ragen_async.transport import TransportTimeout, encode, make_sender
 
@@ -615,9 +615,9 @@ def _proc_stat_busy() -> tuple[float, float]:
 
 def run_cluster(spec: ClusterSpec, steps: int = 10, warmup: int = 3) -> ClusterRow:
     """The real loop on a simulated cluster for ``warmup + steps`` learner steps; rates over the last ``steps``."""
-    from ragen_async.metrics import MetricsSink
     from ragen_async.orchestrator import Trainer
-    from ragen_async.rundir import RunDir
+    from ragen_async.records.metrics import MetricsSink
+    from ragen_async.records.rundir import RunDir
 
     profile = load_profile(spec.profile)
     group_size = len(profile.groups[0])

@@ -125,10 +125,10 @@ PHASES = (
 
 def profile_steps(cfg: RunConfig, steps: int, warmup: int) -> StepProfile:
     """Train ``cfg`` (runtime local) for ``warmup + steps`` steps; profile the last ``steps``."""
-    from ragen_async.metrics import MetricsSink
     from ragen_async.orchestrator import Trainer
+    from ragen_async.records.metrics import MetricsSink
+    from ragen_async.records.rundir import RunDir
     from ragen_async.rollout.engines import make_engine
-    from ragen_async.rundir import RunDir
     from ragen_async.runtime import LocalRuntime
 
     data = cfg.model_dump()

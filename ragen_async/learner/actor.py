@@ -18,8 +18,8 @@ import torch
 
 from ragen_async.config import RunConfig
 from ragen_async.learner.learner import Learner, TrainResult
-from ragen_async.logfiles import redirect_output
 from ragen_async.protocol import BatchShard
+from ragen_async.records.logfiles import redirect_output
 from ragen_async.transport import CodecError, bind_address, make_receiver
 from ragen_async.weight_sync import RayActorsClient, RingBuffer, make_publisher
 from ragen_async.weight_sync.verify import published_digests

@@ -20,8 +20,8 @@ import ray
 from ragen_async.agent.chat import ChatFormat
 from ragen_async.config import RunConfig
 from ragen_async.inference.base import InferenceEngine
-from ragen_async.logfiles import redirect_output
 from ragen_async.protocol import TrajectoryGroup
+from ragen_async.records.logfiles import redirect_output
 from ragen_async.rollout.engines import make_engine
 from ragen_async.rollout.gate import AdmissionGate
 from ragen_async.rollout.worker import RolloutWorker, validate_engine
@@ -59,7 +59,7 @@ class RolloutActor:
     def bind(self, cfg_data: dict, worker_id: str, buffer_address: str, secret: bytes, gate: Any,
              log_path: str | None = None) -> None:
         """Join a run: its config, worker id, trajectory socket and secret, admission gate and log file. A
-        pooled actor (:mod:`ragen_async.engine_pool`) is bound again for each run and keeps only its engine;
+        pooled actor (:mod:`ragen_async.runtime.engine_pool`) is bound again for each run and keeps only its engine;
         that engine's engine-core process keeps writing to the log of the run that started it."""
         if log_path:  # before the engine starts: its engine-core process inherits the file
             redirect_output(Path(log_path))

@@ -61,9 +61,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from ragen_async.config import ConfigError, RunConfig, dump_config, load_config
-from ragen_async.engine_pool import EnginePool, actor_cpus
 from ragen_async.modeldir import model_problem
 from ragen_async.orchestrator import Interrupted
+from ragen_async.runtime.engine_pool import EnginePool, actor_cpus
 
 TrainFn = Callable[..., tuple[Path, dict[str, float]]]
 """``train(cfg, resume=None) -> (run_dir, last_val_metrics)``, as ``orchestrator.train``."""
@@ -484,7 +484,7 @@ class Sweep:
             pool: EnginePool | None = None) -> Manifest:
         """Train every run that is not done, in order; a failure is recorded and the sweep goes on. With the
         real trainer, runs on Ray take their rollout actors warm from the previous run (an
-        :class:`~ragen_async.engine_pool.EnginePool`, this sweep's unless ``pool`` is given)."""
+        :class:`~ragen_async.runtime.engine_pool.EnginePool`, this sweep's unless ``pool`` is given)."""
         console = console or Console(stderr=True)
         if train_fn is not None:
             return self._run_all(train_fn, console, None)

@@ -239,7 +239,7 @@ def test_resume_skips_finished_runs_and_continues_the_partial_one(bandit_spec, f
     console = quiet()
     sweep = run_sweep(resume=tmp_path / "sweep", console=console, report=False)
     assert train.calls == [("k0-s1", "resume"), ("k1-s0", "new"), ("k1-s1", "new")]
-    from ragen_async.engine_pool import EnginePool
+    from ragen_async.runtime.engine_pool import EnginePool
 
     assert isinstance(train.pools[0], EnginePool) and all(p is train.pools[0] for p in train.pools)  # one, shared
     assert all(r.status == "done" for r in sweep.manifest.runs.values())

@@ -6,8 +6,8 @@ import json
 from typer.testing import CliRunner
 
 from ragen_async.cli import app
-from ragen_async.provenance import read_provenance
-from ragen_async.rundir import pack_run, read_record, record_file, unpack_run
+from ragen_async.records.provenance import read_provenance
+from ragen_async.records.rundir import pack_run, read_record, record_file, unpack_run
 from ragen_async.study.report import find_runs
 
 

@@ -40,8 +40,8 @@ import pandas as pd
 from scipy import stats as sps
 
 from ragen_async.config import EnvGroupSpec, RunConfig
-from ragen_async.provenance import bounds_from_metrics
-from ragen_async.rundir import read_record, record_file
+from ragen_async.records.provenance import bounds_from_metrics
+from ragen_async.records.rundir import read_record, record_file
 from ragen_async.study import stats
 from ragen_async.study.report.runs import MISSING, RunData
 

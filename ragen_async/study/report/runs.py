@@ -22,8 +22,8 @@ from pydantic import ValidationError
 
 from ragen_async.collapse import stale_tokens
 from ragen_async.config import EnvGroupSpec, RunConfig
-from ragen_async.metrics import current_names
-from ragen_async.rundir import PACKED, read_record, record_file
+from ragen_async.records.metrics import current_names
+from ragen_async.records.rundir import PACKED, read_record, record_file
 
 STEP = "learner/step"
 MISSING = "—"

@@ -3,7 +3,7 @@
 A driver that exits normally shuts down what it started (Ray, engines, learner processes). A driver
 that is SIGKILLed (OOM killer, a lost terminal, ``kill -9``) cannot, and some of its descendants do not
 notice: a local Ray leaves its dashboard and runtime-env agents running, the local runtime leaves
-vLLM's engine-core process. :func:`start` launches ``python -m ragen_async.reaper DRIVER_PID``: it
+vLLM's engine-core process. :func:`start` launches ``python -m ragen_async.records.reaper DRIVER_PID``: it
 records the driver's descendants every ``POLL_S`` seconds and, once the driver is gone, waits
 ``GRACE_S`` for them to exit on their own, then kills those still running (the same processes: psutil
 checks the start time, so a reused PID is never hit). :func:`stop` ends it after a normal exit.
@@ -28,7 +28,7 @@ GRACE_S = 5.0
 
 def start() -> subprocess.Popen:
     """Watch this process; returns the reaper's handle for :func:`stop`."""
-    return subprocess.Popen([sys.executable, "-m", "ragen_async.reaper", str(os.getpid())],
+    return subprocess.Popen([sys.executable, "-m", "ragen_async.records.reaper", str(os.getpid())],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
 
 

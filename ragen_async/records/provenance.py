@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ragen_async.metrics import current_names
 from ragen_async.protocol import AnyGroup, BatchShard
+from ragen_async.records.metrics import current_names
 
 
 def provenance_record(step: int, learner_version: int, groups: Sequence[AnyGroup],
@@ -60,7 +60,7 @@ class ProvenanceLog:
 
 def read_provenance(path: Path) -> list[dict]:
     """The records of ``provenance.jsonl``, or of its packed form (``rundir.pack_run``)."""
-    from ragen_async.rundir import read_record
+    from ragen_async.records.rundir import read_record
 
     return [json.loads(line) for line in read_record(Path(path)).splitlines() if line.strip()]
 
@@ -308,7 +308,7 @@ def audit_run_dir(path: Path) -> RunAudit:
     from pydantic import ValidationError
 
     from ragen_async.config import ConfigError, StalenessConfig, saved_run_config
-    from ragen_async.rundir import DRIVER_STATE, RunDir, read_record, record_file
+    from ragen_async.records.rundir import DRIVER_STATE, RunDir, read_record, record_file
 
     rd = RunDir(path)
     checkpoint = rd.latest_checkpoint() if rd.checkpoints.is_dir() else None

@@ -16,7 +16,7 @@ The one loop (``orchestrator.Trainer``) drives this runtime exactly as it drives
   rank 0 keeps in a ring buffer, and admission is k = 0, so every token is exactly k versions old.
 
 Shutdown is always clean: rollout loops stopped, engines shut down, actors killed, Ray shut down if
-this process started it. With an :class:`~ragen_async.engine_pool.EnginePool` the run starts on idle
+this process started it. With an :class:`~ragen_async.runtime.engine_pool.EnginePool` the run starts on idle
 rollout actors of earlier runs where it can, and its live rollout actors go back to the pool instead
 (the pool then ends them, and the Ray session the run started).
 """
@@ -38,13 +38,13 @@ import numpy as np
 import ray
 
 from ragen_async.config import RunConfig
-from ragen_async.engine_pool import EnginePool, actor_cpus, engine_key
 from ragen_async.learner.actor import LearnerActor
 from ragen_async.learner.learner import TrainResult, merge_rank_metrics
 from ragen_async.protocol import AnyGroup, BatchShard, TrajectoryGroup
+from ragen_async.records.rundir import refuse_relative, refuse_unshared
 from ragen_async.rollout.actor import GateActor, RolloutActor
-from ragen_async.rundir import refuse_relative, refuse_unshared
 from ragen_async.runtime import Admission, Runtime
+from ragen_async.runtime.engine_pool import EnginePool, actor_cpus, engine_key
 from ragen_async.transport import bind_address, make_receiver, make_sender
 from ragen_async.weight_sync import WeightSyncTimeout, resolve_backend
 
@@ -90,7 +90,7 @@ SHARED_CHECK_TIMEOUT_S = 120.0
 
 def blind_nodes(marker: Path, token: str) -> list[str]:
     """The alive Ray nodes (by address) that do not read ``token`` in the file ``marker``: a task pinned to each
-    reads it there (:func:`~ragen_async.rundir.refuse_unshared`)."""
+    reads it there (:func:`~ragen_async.records.rundir.refuse_unshared`)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]

@@ -6,7 +6,7 @@ checkpoint); a :class:`Runtime` decides *where* the parts run and how they are c
 * :class:`LocalRuntime` (``runtime: local``): one process. The rollout worker plays groups on an
   in-process engine when the loop asks for data, the learner trains in this process, weights go to
   the engine through the in-process publisher. Synchronous, so staleness is 0 by construction.
-* ``RayRuntime`` (``runtime: ray``, ``ragen_async.ray_runtime``): rollout actors play continuously
+* ``RayRuntime`` (``runtime: ray``, ``ragen_async.runtime.ray_runtime``): rollout actors play continuously
   and stream groups over ZeroMQ, a torch.distributed learner pool trains, weights are broadcast.
 
 Both go through the same admission controller (here in-process, there a Ray actor) and the loop's
