@@ -61,7 +61,7 @@ paper-shape: model
 
 # Everything that guards correctness (real Ray, vLLM, SLURM, Ray jobs, hostile traffic, kills); soak runs are opt-in.
 # Two workers: the tests that start clusters and engines run in two lanes beside each other, everything else where a
-# worker is free; then the tests with few-second timeouts, with nothing beside them (tests/conftest.py: LANES, ALONE_MODULES).
+# worker is free; then the tests with few-second timeouts, with nothing beside them (the modules' markers ray_lane, clusters_lane and alone; tests/conftest.py).
 # One OpenMP thread a process beside the other lane (engines and learner ranks that set their own threads keep them):
 # with torch's default of one thread per core, two workers' processes spun against each other on 2 cores (the lanes
 # 740 -> 613 s, docs/benchmarks.md).
@@ -72,7 +72,7 @@ test: model
 # The inner loop (463 tests, about a minute on 2 cores): the StarPO-S math, envs, episodes, codec and transport,
 # buffer, staleness and admission, config, budget, collapse watch; no engine, no cluster, no learner.
 FAST_TESTS := tests/algo tests/envs tests/agent tests/transport tests/test_buffer.py tests/test_staleness.py \
-	tests/test_adaptive_staleness.py tests/test_audit_staleness.py tests/test_budget.py tests/test_collapse.py \
+	tests/test_adaptive_staleness.py tests/test_audit_staleness.py tests/records/test_budget.py tests/test_collapse.py \
 	tests/test_config.py tests/test_config_explain.py tests/test_loop.py tests/test_engine_pool.py tests/test_admission_gate.py \
 	tests/test_bounded_memory.py tests/test_layering.py tests/test_modeldir.py
 test-fast: model

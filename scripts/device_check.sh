@@ -6,7 +6,7 @@
 #
 #   scripts/device_check.sh OUT_DIR             # from anywhere; OUT_DIR gets the results
 #   scripts/device_check.sh --dry-run DIR       # the stages that run on a CPU, small (the suite runs this:
-#                                               # tests/experiments/test_device_check.py)
+#                                               # tests/bench/test_device_check.py)
 #   make device-wheels                          # for a machine without the project's other dependencies:
 #                                               # .whl/ gets them (cp312), installed from there first
 #

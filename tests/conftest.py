@@ -121,3 +121,19 @@ def tiny_model_path() -> str:
     path = root / DEFAULT_OUT_DIR
     ensure_tiny_model(path)
     return str(path)
+
+
+@pytest.fixture
+def make_run():
+    """``make_run(path, steps=..., k=..., ...)``: a run directory written by hand (``tests.fakes.write_run``)."""
+    from tests.fakes import write_run
+
+    return write_run
+
+
+@pytest.fixture
+def fake_train():
+    """``fake_train(fail={...}, interrupt={...})``: see ``tests.fakes.FakeTrain``."""
+    from tests.fakes import FakeTrain
+
+    return FakeTrain

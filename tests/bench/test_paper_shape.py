@@ -7,7 +7,7 @@ third, every check of scripts/paper_shape.py passing.
 Opt-in, like tests/test_soak.py: about 13 GiB (PSS, all processes) and 3-6 minutes on 2 cores, too much to run
 beside another lane in `make test`:
 
-    WANDB_MODE=disabled .venv/bin/python -m pytest -m soak -s tests/experiments/test_paper_shape.py
+    WANDB_MODE=disabled .venv/bin/python -m pytest -m soak -s tests/bench/test_paper_shape.py
 
 ``RAGEN_PAPER_SHAPE_VOCAB=32768`` runs it with a smaller vocabulary (about 6.5 GiB, under 2 minutes). It starts
 a Ray session and a vLLM engine, so it belongs in the "ray" lane of tests/conftest.py; it is marked ``vllm`` once
