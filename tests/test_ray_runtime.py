@@ -324,8 +324,9 @@ def test_a_dead_learner_rank_stops_the_run_with_a_clear_error_and_resume_complet
 def test_adaptive_staleness_tightens_the_real_gate_of_an_fsdp_pool_and_the_new_bound_holds(
         tiny_model_path, tmp_path, monkeypatch, pool):
     """Two things of one run. Adaptive k: a warning (scripted at step 3) halves k = 2 to 1 on the Ray
-    admission gate and in the buffer; every group consumed after the move is at most 1 version old, while
-    k = 2 was used before it. FSDP: 2 FSDP ranks; every rank takes part in gathering the full weights for
+    admission gate and in the buffer; every group admitted after the move is at most 1 version old when
+    consumed, those admitted before it keep k = 2 (consumed in order, nothing is dropped), and k = 2 was used
+    before the move. FSDP: 2 FSDP ranks; every rank takes part in gathering the full weights for
     each sync, rank 0 sends them, and every engine then computes the learner's log-probs (shards published
     would not); the checkpoint is written once."""
     from ragen_async import orchestrator
@@ -354,9 +355,10 @@ def test_adaptive_staleness_tightens_the_real_gate_of_an_fsdp_pool_and_the_new_b
     assert [r["staleness/max_staleness"] for r in steps] == [2, 2, 2, 1, 1, 1, 1]
     assert [r["warning/grad_norm"] for r in steps] == [0, 0, 1, 0, 0, 0, 0]
     before = [p["learner_version"] - g["min_version"] for p in provenance[:3] for g in p["groups"]]
-    after = [p["learner_version"] - g["min_version"] for p in provenance[3:] for g in p["groups"]]
+    after = [(p["learner_version"] - g["min_version"], g["bound"]) for p in provenance[3:] for g in p["groups"]]
     assert max(before) == 2  # the looser bound was used before the move
-    assert after and max(after) <= 1
+    assert all(age <= bound for age, bound in after) and not any(p["dropped"] for p in provenance)
+    assert max(age for age, bound in after if bound == 1) <= 1 and provenance[-1]["groups"][0]["bound"] == 1
 
     diffs = [s["weight_sync/probe_max_abs_diff"] for s in steps]
     assert len(diffs) == 7 and max(diffs) < 1e-4, diffs
