@@ -208,14 +208,14 @@ class Trainer:
         self._tokenizer: Any = None
         """Loaded on the first ``log_episodes``."""
         s = cfg.staleness
-        self.bound: AdaptiveBound | KLTargetBound | None = None
+        self.adaptive: AdaptiveBound | KLTargetBound | None = None
         """Adaptive staleness (``staleness.adaptive``): the warnings, or the stale tokens' KL against
         ``staleness.kl_target``, move the bound."""
         if s.adaptive and s.kl_target is not None:
-            self.bound = KLTargetBound(s.kl_target, s.max_staleness, s.adaptive_min_k, s.adaptive_max_k,
+            self.adaptive = KLTargetBound(s.kl_target, s.max_staleness, s.adaptive_min_k, s.adaptive_max_k,
                                        s.adaptive_patience)
         elif s.adaptive:
-            self.bound = AdaptiveBound(s.max_staleness, s.adaptive_min_k, s.adaptive_patience, s.adaptive_engage_k)
+            self.adaptive = AdaptiveBound(s.max_staleness, s.adaptive_min_k, s.adaptive_patience, s.adaptive_engage_k)
         self.completed = 0
         """The last learner step whose update the learner holds (what a failure saves)."""
         self.saved_step: int | None = None
@@ -306,7 +306,7 @@ class Trainer:
             await self._report(consumed=[])
         batch = self.buffer.next_batch(self.version, step, time.time())
         await self._report(consumed=batch.indices)
-        bounds = {g.index: self.buffer.bound_of(g.index) for g in batch.groups} if self.bound is not None else None
+        bounds = {g.index: self.buffer.bound_of(g.index) for g in batch.groups} if self.adaptive is not None else None
         self.provenance.write(step + 1, self.version, batch.groups, batch.shards, self._drops, bounds)
         self._drops = []
         return batch
@@ -325,18 +325,18 @@ class Trainer:
         fired = self.warnings.update(record)
         record.update({f"warning/{s}": float(s in fired) for s in SIGNALS})
         fired &= set(self.cfg.staleness.adaptive_signals)
-        if self.bound is None:
+        if self.adaptive is None:
             return
         before = self.buffer.max_staleness
-        if isinstance(self.bound, KLTargetBound):
-            after = self.bound.update(record.get("stale/k3_kl"))
-            record["staleness/controller_kl"] = math.nan if self.bound.kl is None else self.bound.kl
+        if isinstance(self.adaptive, KLTargetBound):
+            after = self.adaptive.update(record.get("stale/k3_kl"))
+            record["staleness/controller_kl"] = math.nan if self.adaptive.kl is None else self.adaptive.kl
         else:
-            after = self.bound.update(bool(fired))
+            after = self.adaptive.update(bool(fired))
         raised = after is None or (before is not None and after > before)
         record["staleness/bound_change"] = 0.0 if after == before else 1.0 if raised else -1.0
         if after != before:
-            why = self.bound.reason + (f" ({', '.join(sorted(fired))})" if fired and self.bound.reason == "a warning"
+            why = self.adaptive.reason + (f" ({', '.join(sorted(fired))})" if fired and self.adaptive.reason == "a warning"
                                        else "")
             line = f"adaptive staleness: bound {before} -> {after} after step {record.get('learner/step')}: {why}"
             print(line, flush=True)  # the run's console, with its step lines
@@ -466,7 +466,7 @@ class Trainer:
         await self.runtime.save(path, step)
         state = {"step": step, "version": self.version, "syncs": self.syncs,
                  "admission": await self.runtime.admission.state(), "early_warning": self.warnings.state(),
-                 "adaptive": self.bound.state() if self.bound is not None else None,
+                 "adaptive": self.adaptive.state() if self.adaptive is not None else None,
                  "bounds": self.buffer.bounds_state(),
                  "budget": self.budget.state(), "collapse_watch": self.collapse_watch.state(),
                  "duplicate_groups": self.duplicates}
@@ -518,13 +518,13 @@ class Trainer:
             self.budget.restore(state["budget"])
             self.collapse_watch.restore(state["collapse_watch"])
             self.duplicates = int(state["duplicate_groups"])
-        if self.bound is not None and state.get("adaptive"):
-            self.bound.restore(state["adaptive"])
-            await self.runtime.admission.set_max_staleness(self.bound.max_staleness)
+        if self.adaptive is not None and state.get("adaptive"):
+            self.adaptive.restore(state["adaptive"])
+            await self.runtime.admission.set_max_staleness(self.adaptive.max_staleness)
             if "bounds" in state and self.buffer.consume == "in_order":  # replayed groups keep their own bound
                 self.buffer.restore_bounds(state["bounds"])
             else:
-                self.buffer.set_max_staleness(self.bound.max_staleness)
+                self.buffer.set_max_staleness(self.adaptive.max_staleness)
         log.info("resumed from %s at step %d (policy version %d, %d groups to replay)", checkpoint,
                  self.start_step, self.version, len(state["admission"]["outstanding"]))
 

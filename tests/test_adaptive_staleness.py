@@ -262,7 +262,7 @@ def test_the_loop_holds_the_stale_kl_under_its_target_and_logs_why_the_bound_mov
         "staleness.adaptive_min_k=1", "logging.console=false"])
     runtime = StubRuntime(4)
     trainer = Trainer(cfg, RunDir.create(cfg), MemorySink(), runtime)
-    assert isinstance(trainer.bound, KLTargetBound)
+    assert isinstance(trainer.adaptive, KLTargetBound)
     records = [stale_step(kl, 0.9) for kl in (1e-4, 1e-4, 1e-4, 1e-4, 1e-4, 5e-2, 5e-2, 5e-2)]
     with caplog.at_level("INFO", logger="ragen_async.orchestrator"):
         for r in records:

@@ -355,7 +355,7 @@ def test_in_order_drops_nothing_while_the_bound_moves_and_the_audit_checks_each_
     runtime = DyingProducers(4, groups_per_step=B, producers=12, seed=3, deaths=(300,))
     run_dir, sink = RunDir.create(cfg), MemorySink()
     trainer = Trainer(cfg, run_dir, sink, runtime)
-    trainer.bound = ScriptedBound({8: 1, 20: 3, 26: 1})
+    trainer.adaptive = ScriptedBound({8: 1, 20: 3, 26: 1})
     asyncio.run(trainer.run())
     trainer.close()
     provenance = read_provenance(run_dir.path / "provenance.jsonl")
