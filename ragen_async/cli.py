@@ -1,4 +1,4 @@
-"""``ragen-async``: the command-line entry point (train, audit, eval, make-model, sweep, report, watch, config,
+"""``ragen-async``: the command-line entry point (train, audit, pack, eval, make-model, sweep, report, watch, config,
 bench).
 
 Its length (over the project's ~600 lines per module): one handler per command, and ``bench``'s nine

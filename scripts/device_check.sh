@@ -34,7 +34,7 @@
 #                       bf16) with Ray, vLLM on CUDA, NCCL weight sync, every sync verified byte for byte
 #                       (weight_sync.verify_every: 1) and DDP over 2 learner ranks (1 with only 2 GPUs: DDP then
 #                       goes unexercised), --require-val-success RAGEN_VAL_SUCCESS (default 0.9: the tiny model
-#                       had 0.992 and 1.000 at step 20 in the two `make demo` runs of docs/results.md) on
+#                       had 1.000 at step 20 in the `make demo` run of docs/results.md) on
 #                       RAGEN_MODEL_PATH (default the tiny model, artifacts/tiny-model) (needs vLLM, Ray, >= 2 GPUs)
 # At the end one VERDICT line per question (yes / no / skipped, with figures or the reason); the exit status is
 # 1 if a question that ran failed. Output in OUT_DIR: device_check.json (stages, verdicts, learner rows, curves,
