@@ -39,14 +39,15 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
-    """A test outside the ray lane that leaves a Ray session of its own running in the test process (after its
-    fixtures are torn down) would run beside the ray lane's sessions: refused, so a new Ray test cannot be left
-    off the lane by mistake."""
+    """A test in no lane that leaves a Ray session of its own running in the test process (after its fixtures are
+    torn down) would run beside the ray lane's sessions: refused, so a new Ray test cannot be left off the lane by
+    mistake (the clusters lane starts its own clusters apart, and the ``alone`` tests run with nothing beside)."""
     yield
     ray = sys.modules.get("ray")
-    if ray is not None and _lane(item) != "ray_lane" and ray.is_initialized():
+    if ray is not None and _lane(item) is None and not item.get_closest_marker("alone") and ray.is_initialized():
         ray.shutdown()
-        pytest.fail(f"{item.nodeid} started a Ray session but its module is not marked ray_lane (tests/conftest.py)")
+        pytest.fail(f"{item.nodeid} started a Ray session but its module is in no lane: mark it ray_lane "
+                    "(tests/conftest.py)")
 
 
 @pytest.hookimpl(optionalhook=True)
