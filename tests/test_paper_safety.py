@@ -394,5 +394,5 @@ def test_the_checkpoint_interval_states_its_cost_and_the_readme_its_differences(
     assert "checkpoint_every: 20" in base and "16 GB" in base and "1 GB/s" in base
     readme = (ROOT / "configs/paper/README.md").read_text()
     for topic in ("Loss aggregation", "length instruction", "KL in the PPO runs", "Validation across engines",
-                  "Checkpoints", "verify_every", "fp32 master weights", "ragen_starpo_spec.md"):
+                  "Checkpoints", "verify_every", "fp32 master weights", "RAGEN-AI/RAGEN at `5eb79b8`"):
         assert topic in readme, topic
