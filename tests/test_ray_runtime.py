@@ -62,17 +62,23 @@ def ray_cfg_overrides(model_path, tmp_path):
         "rollout.max_concurrent_groups=4"]
 
 
-def run_ray(cfg, during=None, run_dir=None, resume=False, pool=None):
-    """Run the loop on a RayRuntime; ``during(runtime)`` runs in a thread while it trains."""
+def run_ray(cfg, during=None, run_dir=None, resume=False, pool=None, sink=None, stop=None):
+    """Run the loop on a RayRuntime; ``during(runtime)`` runs in a thread while it trains. ``stop``: a
+    StopRequest the thread may set to end the run (it then stops at a step boundary with a checkpoint)."""
+    from ragen_async.orchestrator import Interrupted
     from ragen_async.runtime.ray_runtime import RayRuntime
 
     run_dir = run_dir or RunDir.create(cfg)
-    sink = MemorySink()
+    sink = sink if sink is not None else MemorySink()
     runtime = RayRuntime(cfg, pool=pool)
     thread = threading.Thread(target=during, args=(runtime,), daemon=True) if during else None
     if thread:
         thread.start()
-    run_trainer(cfg, run_dir, sink, runtime, run_dir.latest_checkpoint() if resume else None)
+    try:
+        run_trainer(cfg, run_dir, sink, runtime, run_dir.latest_checkpoint() if resume else None, stop=stop)
+    except Interrupted:
+        if stop is None or stop.signal_name != "test":
+            raise
     if thread:
         thread.join(30)
     steps = [r for r in sink.records if "actor/grad_norm" in r]
@@ -234,9 +240,14 @@ def test_killed_rollout_actors_are_replaced_and_no_group_is_lost_or_trained_twic
     import psutil
     import ray
 
+    from ragen_async.orchestrator import StopRequest
+
+    # The run is long enough for any machine's speed; the killer ends it once the third replacement has
+    # been counted in a step's metrics (so the kills never race the run's end).
     cfg = ray_cfg(tiny_model_path, tmp_path, "staleness.max_staleness=1", "learner.num_ranks=1",
-                  "total_steps=40", "weight_sync.timeout_s=20")
+                  "total_steps=400", "checkpoint_every=0", "weight_sync.timeout_s=20")
     kills = []
+    sink, stop = MemorySink(), StopRequest()
 
     def engine_core(actor_pid: int) -> int:
         cores = [c.pid for c in psutil.Process(actor_pid).children(recursive=True)
@@ -246,30 +257,35 @@ def test_killed_rollout_actors_are_replaced_and_no_group_is_lost_or_trained_twic
 
     def killer(runtime):
         rng = random.Random(0)
-        for n, victim in enumerate(["actor", "engine", "actor"]):
-            deadline = time.monotonic() + 240
-            while runtime.restarts < n and time.monotonic() < deadline:  # the previous victim is back
-                time.sleep(0.5)
-            time.sleep(rng.uniform(2, 5))
-            try:
+        try:
+            for n, victim in enumerate(["actor", "engine", "actor"]):
+                deadline = time.monotonic() + 240
+                while runtime.restarts < n and time.monotonic() < deadline:  # the previous victim is back
+                    time.sleep(0.5)
+                time.sleep(rng.uniform(2, 5))
                 pid = ray.get(runtime.rollouts[1].pid.remote(), timeout=30)
                 os.kill(engine_core(pid) if victim == "engine" else pid, signal.SIGKILL)
                 kills.append((victim, pid))
-            except Exception:  # noqa: BLE001 - the run may already be over
-                return
+            deadline = time.monotonic() + 240
+            while (not any(r.get("rollout/actor_restarts") == 3 for r in list(sink.records))
+                   and time.monotonic() < deadline):
+                time.sleep(0.5)
+        finally:
+            stop.signal_name = "test"  # stop after the current step (with a checkpoint)
 
     built = pool.built
-    run_dir, steps, provenance = run_ray(cfg, during=killer, pool=pool)
-    assert [r["learner/step"] for r in steps] == list(range(1, 41))
+    run_dir, steps, provenance = run_ray(cfg, during=killer, pool=pool, sink=sink, stop=stop)
+    last = steps[-1]["learner/step"]
+    assert [r["learner/step"] for r in steps] == list(range(1, last + 1)) and last < 400
     assert pool.built >= built + 3  # each replacement started its own engine
     assert [victim for victim, _ in kills] == ["actor", "engine", "actor"], kills
     assert steps[-1]["rollout/actor_restarts"] == 3
     assert max(consumed_staleness(provenance)) <= 1
-    final = json.loads((run_dir.checkpoints / "step_000040" / "driver_state.json").read_text())
-    accounting = audit(provenance, final["admission"], 40)
+    final = json.loads((run_dir.checkpoints / f"step_{last:06d}" / "driver_state.json").read_text())
+    accounting = audit(provenance, final["admission"], last)
     assert not accounting["duplicates"] and not accounting["unexplained"], accounting
     ids = [g["group_id"] for p in provenance for g in p["groups"]]
-    assert len(ids) == len(set(ids)) == 40 * 4
+    assert len(ids) == len(set(ids)) == last * 4
 
 
 def test_a_dead_learner_rank_stops_the_run_with_a_clear_error_and_resume_completes(tiny_model_path, tmp_path, pool):
