@@ -317,7 +317,8 @@ app.add_typer(bench_app, name="bench")
 def bench_pipeline_cmd(
     config: Annotated[Path, typer.Argument(help="base config")] = Path("configs/tiny/starpo_s_bandit.yaml"),
     overrides: OverridesArg = None,
-    k: Annotated[list[str] | None, typer.Option("--k", help="staleness bounds, inf = unbounded (repeatable)")] = None,
+    k: Annotated[list[str] | None, typer.Option(
+        "--max-staleness", "--k", help="staleness bounds max_staleness, inf = unbounded (repeatable)")] = None,
     steps: Annotated[int, typer.Option(help="learner steps per run")] = 8,
     warmup: Annotated[int, typer.Option(help="steps excluded from the rates")] = 2,
     mode: Annotated[list[str] | None, typer.Option(
@@ -554,7 +555,7 @@ def bench_cluster_cmd(
     warmup: Annotated[int, typer.Option(help="learner steps before the measured ones")] = 3,
     groups_per_actor: Annotated[int, typer.Option(help="groups per learner step per actor")] = 4,
     concurrent_groups: Annotated[int, typer.Option(help="groups an actor plays at once")] = 4,
-    k: Annotated[int, typer.Option("--k", help="staleness bound max_staleness")] = 1,
+    k: Annotated[int, typer.Option("--max-staleness", "--k", help="staleness bound max_staleness")] = 1,
     learner_step_s: Annotated[float, typer.Option(help="the stand-in learner step's duration")] = 0.3,
     actors_per_rank: Annotated[int, typer.Option(help="rollout actors per learner rank")] = 8,
     senders: Annotated[int, typer.Option(help="Ray actor processes (hosts) the simulated actors are spread over")] = 2,
@@ -616,7 +617,8 @@ def bench_step_cmd(
 
 @bench_app.command("rllib")
 def bench_rllib_cmd(
-    k: Annotated[list[int] | None, typer.Option("--k", help="staleness k, mapped onto RLlib's knobs (repeatable)")] = None,
+    k: Annotated[list[int] | None, typer.Option(
+        "--max-staleness", "--k", help="staleness bound max_staleness, mapped onto RLlib's knobs (repeatable)")] = None,
     seeds: Annotated[int, typer.Option(help="runs per k (RLlib seeds 0 .. N-1)")] = 1,
     budget_s: Annotated[float, typer.Option(help="training seconds per run (evaluations not counted)")] = 120.0,
     out: Annotated[Path | None, typer.Option(help="append the table to this markdown file")] = None,
@@ -640,7 +642,7 @@ def bench_rllib_cmd(
 
     ks = k or [0, 1, 2, 4, 8]
     if min(ks) < 0 or seeds < 1 or budget_s <= 0:
-        raise typer.BadParameter("--k must be >= 0, --seeds >= 1 and --budget-s > 0")
+        raise typer.BadParameter("--max-staleness must be >= 0, --seeds >= 1 and --budget-s > 0")
 
     def progress(run) -> None:
         s = run.summary()
@@ -698,7 +700,7 @@ def parse_k(text: str) -> int | None:
     except ValueError:
         k = -1
     if k < 0:
-        raise ValueError(f"--k {text!r}: expected an integer >= 0 or inf (unbounded)")
+        raise ValueError(f"--max-staleness {text!r}: expected an integer >= 0 or inf (unbounded)")
     return k
 
 

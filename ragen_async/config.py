@@ -16,7 +16,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from omegaconf import OmegaConf
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class _Strict(BaseModel):
@@ -223,14 +223,16 @@ class StalenessConfig(_Strict):
     fixed_lag: bool = False
     """Publish version v-k to the engines so every token is exactly k versions old (needs k set)."""
     adaptive: bool = False
-    """Let the bound move between adaptive_min_k and max_staleness (where it starts): halve it at a step
+    """Let the bound move between adaptive_min_staleness and max_staleness (where it starts): halve it at a step
     where an early-warning signal fires (``collapse.EarlyWarning``), raise it by one after
     adaptive_patience quiet steps (``staleness.AdaptiveBound``); logged as ``staleness/max_staleness``. With
-    max_staleness null it starts unbounded and a warning sets adaptive_engage_k."""
-    adaptive_engage_k: int | None = Field(None, ge=0)
+    max_staleness null it starts unbounded and a warning sets adaptive_engage_staleness."""
+    adaptive_engage_staleness: int | None = Field(
+        None, ge=0, validation_alias=AliasChoices("adaptive_engage_staleness", "adaptive_engage_k"))
     """Adaptive from unbounded (max_staleness null): the bound the first warning sets; a quiet stretch that
     would raise the bound past it lifts the bound again."""
-    adaptive_min_k: int = Field(0, ge=0)
+    adaptive_min_staleness: int = Field(
+        0, ge=0, validation_alias=AliasChoices("adaptive_min_staleness", "adaptive_min_k"))
     """The lowest bound the adaptive controller may set."""
     adaptive_patience: int = Field(10, ge=1)
     """Quiet learner steps before the adaptive controller raises the bound by one."""
@@ -239,9 +241,10 @@ class StalenessConfig(_Strict):
     default, the staleness-specific ``stale_kl``, ``stale_ess`` and ``kl_rise`` on request)."""
     kl_target: float | None = Field(None, gt=0)
     """Adaptive: move the bound to hold the stale tokens' KL (``stale/k3_kl``, averaged) under this target
-    (``staleness.KLTargetBound``) instead of on warnings; starts at max_staleness, stays within adaptive_min_k
-    .. adaptive_max_k; None = the warnings move it."""
-    adaptive_max_k: int | None = Field(None, ge=1)
+    (``staleness.KLTargetBound``) instead of on warnings; starts at max_staleness, stays within adaptive_min_staleness
+    .. adaptive_max_staleness; None = the warnings move it."""
+    adaptive_max_staleness: int | None = Field(
+        None, ge=1, validation_alias=AliasChoices("adaptive_max_staleness", "adaptive_max_k"))
     """The highest bound the KL-target controller may set (None: max_staleness, where it starts)."""
     consume: Literal["arrival", "in_order"] = "in_order"
     """Which groups a batch takes: ``in_order`` = the lowest outstanding admitted indices, waited for, so under
@@ -255,12 +258,12 @@ class StalenessConfig(_Strict):
             raise ValueError("staleness.fixed_lag needs an integer staleness.max_staleness")
         if self.adaptive and (self.fixed_lag or self.max_staleness == 0):
             raise ValueError("staleness.adaptive moves the bound: it needs staleness.max_staleness >= 1 (or null "
-                             "with adaptive_engage_k) and no fixed_lag")
-        if self.adaptive and self.max_staleness is None and self.adaptive_engage_k is None:
+                             "with adaptive_engage_staleness) and no fixed_lag")
+        if self.adaptive and self.max_staleness is None and self.adaptive_engage_staleness is None:
             raise ValueError("staleness.adaptive from unbounded (max_staleness null) needs "
-                             "staleness.adaptive_engage_k: the bound its first warning sets")
-        if self.adaptive_engage_k is not None and not (self.adaptive and self.max_staleness is None):
-            raise ValueError("staleness.adaptive_engage_k applies only with staleness.adaptive and "
+                             "staleness.adaptive_engage_staleness: the bound its first warning sets")
+        if self.adaptive_engage_staleness is not None and not (self.adaptive and self.max_staleness is None):
+            raise ValueError("staleness.adaptive_engage_staleness applies only with staleness.adaptive and "
                              "max_staleness null")
         from ragen_async.collapse import SIGNALS
 
@@ -271,14 +274,14 @@ class StalenessConfig(_Strict):
         if self.kl_target is not None and not (self.adaptive and self.max_staleness is not None):
             raise ValueError("staleness.kl_target moves the adaptive bound from where it starts: it needs "
                              "staleness.adaptive and an integer staleness.max_staleness >= 1")
-        if self.adaptive_max_k is not None and self.kl_target is None:
-            raise ValueError("staleness.adaptive_max_k applies only with staleness.kl_target")
-        if self.adaptive_max_k is not None and self.adaptive_max_k < self.max_staleness:
-            raise ValueError(f"staleness.adaptive_max_k ({self.adaptive_max_k}) is below the bound it starts from "
+        if self.adaptive_max_staleness is not None and self.kl_target is None:
+            raise ValueError("staleness.adaptive_max_staleness applies only with staleness.kl_target")
+        if self.adaptive_max_staleness is not None and self.adaptive_max_staleness < self.max_staleness:
+            raise ValueError(f"staleness.adaptive_max_staleness ({self.adaptive_max_staleness}) is below the bound it starts from "
                              f"(max_staleness {self.max_staleness})")
-        top = self.max_staleness if self.max_staleness is not None else self.adaptive_engage_k
-        if self.adaptive and self.adaptive_min_k > top:
-            raise ValueError(f"staleness.adaptive_min_k ({self.adaptive_min_k}) is above the bound it starts "
+        top = self.max_staleness if self.max_staleness is not None else self.adaptive_engage_staleness
+        if self.adaptive and self.adaptive_min_staleness > top:
+            raise ValueError(f"staleness.adaptive_min_staleness ({self.adaptive_min_staleness}) is above the bound it starts "
                              f"from ({top})")
         return self
 

@@ -212,10 +212,10 @@ class Trainer:
         """Adaptive staleness (``staleness.adaptive``): the warnings, or the stale tokens' KL against
         ``staleness.kl_target``, move the bound."""
         if s.adaptive and s.kl_target is not None:
-            self.adaptive = KLTargetBound(s.kl_target, s.max_staleness, s.adaptive_min_k, s.adaptive_max_k,
+            self.adaptive = KLTargetBound(s.kl_target, s.max_staleness, s.adaptive_min_staleness, s.adaptive_max_staleness,
                                        s.adaptive_patience)
         elif s.adaptive:
-            self.adaptive = AdaptiveBound(s.max_staleness, s.adaptive_min_k, s.adaptive_patience, s.adaptive_engage_k)
+            self.adaptive = AdaptiveBound(s.max_staleness, s.adaptive_min_staleness, s.adaptive_patience, s.adaptive_engage_staleness)
         self.completed = 0
         """The last learner step whose update the learner holds (what a failure saves)."""
         self.saved_step: int | None = None

@@ -138,7 +138,7 @@ class StubRuntime:
 def test_the_loop_moves_the_bound_in_the_buffer_and_at_admission(tmp_path):
     cfg = load_config("configs/tiny/starpo_s_bandit.yaml", [
         f"run_root={tmp_path}", "runtime=ray", "staleness.max_staleness=4", "staleness.adaptive=true",
-        "staleness.adaptive_patience=2", "staleness.adaptive_min_k=1", "logging.console=false"])
+        "staleness.adaptive_patience=2", "staleness.adaptive_min_staleness=1", "logging.console=false"])
     runtime = StubRuntime(4)
     trainer = Trainer(cfg, RunDir.create(cfg), MemorySink(), runtime)
     records = [{"actor/grad_norm": 1.0} for _ in range(5)] + [{"actor/grad_norm": 10.0}, {"actor/grad_norm": 10.0}]
@@ -178,7 +178,7 @@ def test_the_loop_engages_a_bound_from_unbounded_on_the_stale_ess_and_lifts_it(t
     bound in the buffer and at admission, halved by the next warning, lifted after quiet steps."""
     cfg = load_config("configs/tiny/starpo_s_bandit.yaml", [
         f"run_root={tmp_path}", "runtime=ray", "staleness.max_staleness=null", "staleness.adaptive=true",
-        "staleness.adaptive_engage_k=2", "staleness.adaptive_patience=2", "staleness.adaptive_min_k=1",
+        "staleness.adaptive_engage_staleness=2", "staleness.adaptive_patience=2", "staleness.adaptive_min_staleness=1",
         "staleness.adaptive_signals=[stale_ess]", "logging.console=false"])
     runtime = StubRuntime(None)
     trainer = Trainer(cfg, RunDir.create(cfg), MemorySink(), runtime)
@@ -193,17 +193,17 @@ def test_the_loop_engages_a_bound_from_unbounded_on_the_stale_ess_and_lifts_it(t
 
 @pytest.mark.parametrize("overrides, message", [
     (["staleness.max_staleness=0"], "needs staleness.max_staleness >= 1"),
-    (["staleness.max_staleness=null"], "needs staleness.adaptive_engage_k"),
-    (["staleness.max_staleness=4", "staleness.adaptive_engage_k=2"], "applies only with"),
-    (["staleness.max_staleness=null", "staleness.adaptive_engage_k=2", "staleness.adaptive_min_k=3"],
-     "adaptive_min_k (3) is above"),
+    (["staleness.max_staleness=null"], "needs staleness.adaptive_engage_staleness"),
+    (["staleness.max_staleness=4", "staleness.adaptive_engage_staleness=2"], "applies only with"),
+    (["staleness.max_staleness=null", "staleness.adaptive_engage_staleness=2", "staleness.adaptive_min_staleness=3"],
+     "adaptive_min_staleness (3) is above"),
     (["staleness.max_staleness=2", "staleness.fixed_lag=true"], "no fixed_lag"),
-    (["staleness.max_staleness=2", "staleness.adaptive_min_k=3"], "adaptive_min_k (3) is above"),
-    (["staleness.max_staleness=null", "staleness.adaptive_engage_k=2", "staleness.kl_target=0.001"],
+    (["staleness.max_staleness=2", "staleness.adaptive_min_staleness=3"], "adaptive_min_staleness (3) is above"),
+    (["staleness.max_staleness=null", "staleness.adaptive_engage_staleness=2", "staleness.kl_target=0.001"],
      "kl_target moves the adaptive bound"),
-    (["staleness.max_staleness=4", "staleness.adaptive_max_k=8"], "adaptive_max_k applies only with"),
-    (["staleness.max_staleness=4", "staleness.kl_target=0.001", "staleness.adaptive_max_k=2"],
-     "adaptive_max_k (2) is below"),
+    (["staleness.max_staleness=4", "staleness.adaptive_max_staleness=8"], "adaptive_max_staleness applies only with"),
+    (["staleness.max_staleness=4", "staleness.kl_target=0.001", "staleness.adaptive_max_staleness=2"],
+     "adaptive_max_staleness (2) is below"),
 ])
 def test_adaptive_settings_that_cannot_work_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -258,8 +258,8 @@ def test_kl_rise_fires_on_a_rise_against_the_runs_own_level_and_survives_a_check
 def test_the_loop_holds_the_stale_kl_under_its_target_and_logs_why_the_bound_moved(tmp_path, caplog, capsys):
     cfg = load_config("configs/tiny/starpo_s_bandit.yaml", [
         f"run_root={tmp_path}", "runtime=ray", "staleness.max_staleness=4", "staleness.adaptive=true",
-        "staleness.kl_target=0.001", "staleness.adaptive_max_k=6", "staleness.adaptive_patience=2",
-        "staleness.adaptive_min_k=1", "logging.console=false"])
+        "staleness.kl_target=0.001", "staleness.adaptive_max_staleness=6", "staleness.adaptive_patience=2",
+        "staleness.adaptive_min_staleness=1", "logging.console=false"])
     runtime = StubRuntime(4)
     trainer = Trainer(cfg, RunDir.create(cfg), MemorySink(), runtime)
     assert isinstance(trainer.adaptive, KLTargetBound)

@@ -147,7 +147,7 @@ def test_fixed_lag_exact_passes_and_one_group_off_by_one_is_caught(tmp_path):
 
 
 ADAPTIVE = [[0, 0], [1, 1], [1, 1], [1, 0]]
-ADAPTIVE_K = ["staleness.max_staleness=3", "staleness.adaptive=true", "staleness.adaptive_min_k=0"]
+ADAPTIVE_K = ["staleness.max_staleness=3", "staleness.adaptive=true", "staleness.adaptive_min_staleness=0"]
 
 
 def test_adaptive_a_group_within_max_staleness_but_above_the_bound_in_force_is_caught(tmp_path):
@@ -201,7 +201,7 @@ def test_a_simulated_adaptive_run_audits_clean_against_the_bound_it_logged(tmp_p
     cfg = load_config(None, [f"run_root={tmp_path}", "runtime=ray", "total_steps=24", "validation.every=0",
                              "checkpoint_every=0", "algo.filter_mode=none", "rollout.envs=[{tag: Bandit, n_groups: 4}]",
                              "rollout.group_size=2", "learner.num_ranks=1", "logging.console=false",
-                             "staleness.max_staleness=3", "staleness.adaptive=true", "staleness.adaptive_min_k=1",
+                             "staleness.max_staleness=3", "staleness.adaptive=true", "staleness.adaptive_min_staleness=1",
                              "staleness.adaptive_patience=3"])
     rd = RunDir.create(cfg)
     trainer = Trainer(cfg, rd, JsonlSink(rd.metrics_path), TickRuntime(3, groups_per_step=4, producers=12, seed=5))

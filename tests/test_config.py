@@ -100,3 +100,25 @@ def test_runs_consume_in_order_by_default_and_a_run_saved_without_the_key_reads_
     new.parent.mkdir()
     new.write_text(dump_config(RunConfig()))
     assert load_saved_config(new).staleness.consume == "in_order"
+
+
+def test_the_adaptive_bounds_old_names_still_read_and_mean_the_same(tmp_path):
+    """The adaptive bound's limits are named after the bound (``adaptive_min_staleness`` ...); configs and saved
+    runs that use the old ``_k`` names load to the same config, which is written back under the new names;
+    giving a limit under both names is refused."""
+    import yaml
+
+    from ragen_async.config import load_saved_config
+
+    base = ["runtime=ray", "staleness.adaptive=true", "staleness.kl_target=0.002", "staleness.max_staleness=4"]
+    new = load_config(None, [*base, "staleness.adaptive_min_staleness=1", "staleness.adaptive_max_staleness=16"])
+    old = load_config(None, [*base, "staleness.adaptive_min_k=1", "staleness.adaptive_max_k=16"])
+    assert old == new and (new.staleness.adaptive_min_staleness, new.staleness.adaptive_max_staleness) == (1, 16)
+    written = yaml.safe_load(dump_config(old))["staleness"]
+    assert written["adaptive_max_staleness"] == 16 and "adaptive_max_k" not in written
+    saved = tmp_path / "config.yaml"
+    saved.write_text(yaml.safe_dump({"runtime": "ray", "staleness": {"max_staleness": None, "adaptive": True,
+                                                                      "adaptive_engage_k": 4}}))
+    assert load_saved_config(saved).staleness.adaptive_engage_staleness == 4
+    with pytest.raises(ConfigError, match="adaptive_min"):
+        load_config(None, [*base, "staleness.adaptive_min_staleness=1", "staleness.adaptive_min_k=2"])

@@ -333,7 +333,7 @@ def audit_run_dir(path: Path) -> RunAudit:
             except json.JSONDecodeError:  # a line cut short by a kill
                 continue
         bounds = bounds_from_metrics(records)
-    top = s.adaptive_max_k if s.adaptive_max_k is not None else s.max_staleness  # the highest bound it may set
+    top = s.adaptive_max_staleness if s.adaptive_max_staleness is not None else s.max_staleness  # the highest bound it may set
     stale = audit_staleness(provenance, top, fixed_lag=s.fixed_lag, adaptive=s.adaptive, bounds=bounds,
                             up_to_step=step)
     errors = []

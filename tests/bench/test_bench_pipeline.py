@@ -16,7 +16,7 @@ def test_k_is_an_integer_or_inf():
         with pytest.raises(ValueError, match="integer >= 0 or inf"):
             parse_k(bad)
     result = CliRunner().invoke(app, ["bench", "pipeline", "--k", "-2"])
-    assert result.exit_code == 2 and "--k '-2'" in result.output, result.output
+    assert result.exit_code == 2 and "--max-staleness '-2'" in result.output, result.output
     result = CliRunner().invoke(app, ["bench", "pipeline", "--mode", "shared"])
     assert result.exit_code == 2 and "--mode 'shared': expected one of pinned, unpinned, config" in result.output
 

@@ -41,7 +41,7 @@ def _runs(root, make_run, cells=LEVEL, ess_fires_at=(7,), task="SimpleSokoban", 
             k = {"k0": 0, "k2": 2, "k4": 4}.get(cell)
             staleness = {"max_staleness": k}
             if cell == "controller":
-                staleness.update(adaptive=True, adaptive_engage_k=4)
+                staleness.update(adaptive=True, adaptive_engage_staleness=4)
             noise = 0.01 * (seed - 4)
             extra = {step: {"staleness/mean": AGE[cell], "throughput/groups_per_s": 2.0 + (k != 0) * 0.1 + noise / 10,
                             "warning/stale_ess": float(cell == "kinf" and lr == 1e-4 and step in ess_fires_at)}
@@ -82,7 +82,7 @@ def test_a_cell_without_two_runs_leaves_its_predictions_pending_and_one_without_
     # The study's seeds (0-2) never count: controller runs of seed 0 leave H6 pending.
     for seed in (0, 1):
         make_run(tmp_path / f"study-controller-s{seed}", k=None, seed=seed,
-                 config={"staleness": {"max_staleness": None, "adaptive": True, "adaptive_engage_k": 4},
+                 config={"staleness": {"max_staleness": None, "adaptive": True, "adaptive_engage_staleness": 4},
                          "learner": {"actor_lr": 2e-4}})
     runs, _ = find_runs([tmp_path])
     assert {v.name: v.verdict for v in verdicts(runs, [summarize(r, collapse_floor=0.176) for r in runs])}["H6"] == "pending"

@@ -168,7 +168,7 @@ def test_run_statistics_and_table():
 
 def test_bench_rllib_rejects_bad_options():
     result = CliRunner().invoke(app, ["bench", "rllib", "--k", "-1"])
-    assert result.exit_code != 0 and "--k must be >= 0" in result.output
+    assert result.exit_code != 0 and "--max-staleness must be >= 0" in result.output
 
 
 @pytest.fixture
