@@ -82,7 +82,7 @@ test-fast: model
 test-gpu: model
 	WANDB_MODE=disabled RAY_AUTH_MODE=disabled $(PY) -m pytest -q -s -m gpu -rs --durations=0
 
-# For scripts/device_check.sh on a lent GPU machine (Python 3.12, torch and transformers there, no network):
+# For scripts/device_check.sh on a GPU machine that has Python 3.12, torch and transformers but no network:
 # the project's other dependencies as cp312 wheels in .whl/ (ignored by git; carried to the machine).
 DEVICE_WHEELS := pyzmq==27.3.0 msgspec==0.23.0 blake3==1.0.11 gymnasium==1.2.2 farama-notifications==0.0.6 \
 	pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 omegaconf==2.4.0

@@ -272,7 +272,8 @@ def eval_cmd(
 @app.command("make-model")
 def make_model(
     out: Annotated[Path | None, typer.Option(help="output directory (default: artifacts/tiny-model, or "
-                                             "artifacts/tiny-model-NAME with --warm-start NAME)")] = None,
+                                             "artifacts/tiny-model-NAME with --warm-start NAME, _ written -, e.g. "
+                                             "tiny-model-frozen-lake)")] = None,
     seed: Annotated[int, typer.Option(help="build seed")] = 0,
     force: Annotated[bool, typer.Option(help="rebuild even if a complete build exists")] = False,
     sft_steps: Annotated[int | None, typer.Option(help="SFT steps (default: the build config's)")] = None,

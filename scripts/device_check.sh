@@ -2,7 +2,7 @@
 # The device check: does the paper path learn on this machine? Run it first on a GPU node. It needs torch
 # and transformers; vLLM, Ray and more GPUs unlock more stages, and a stage whose needs are missing is
 # skipped with its reason. Nothing is fetched from the network. Sized for 5 minutes on one H100 with torch and
-# transformers only (this project's lent machine: no vLLM, no Ray, one GPU); not yet run on a GPU.
+# transformers only (a GPU node without vLLM or Ray, one GPU); not yet run on a GPU.
 #
 #   scripts/device_check.sh OUT_DIR             # from anywhere; OUT_DIR gets the results
 #   scripts/device_check.sh --dry-run DIR       # the stages that run on a CPU, small (the suite runs this:
