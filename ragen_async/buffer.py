@@ -165,6 +165,7 @@ class TrajectoryBuffer:
         fixed_lag: bool = False,
         group_size: int | None = None,
         consume: str = "arrival",
+        hist_max: int | None = None,
     ) -> None:
         """
         Args:
@@ -178,6 +179,8 @@ class TrajectoryBuffer:
                 every rank will get at least one trajectory. Without it the check happens per batch.
             consume: ``"arrival"`` (the lowest-index groups waiting) or ``"in_order"`` (the lowest indices not
                 yet consumed or dropped, waited for); see the module docstring.
+            hist_max: the token-age histogram's last bin before overflow (``staleness/token_hist/*``); default
+                ``max_staleness``, or 16 when unbounded (an adaptive bound passes the highest it may set).
 
         Raises:
             ValueError: invalid settings, or a batch that cannot give every rank a trajectory.
@@ -240,7 +243,8 @@ class TrajectoryBuffer:
         self._bounds: list[tuple[int, int | None]] = [(0, max_staleness)]
         """The bound by first admitted index, ascending (:meth:`set_max_staleness`): a group is held to the last
         entry at or below its index."""
-        self._stats = StalenessStats(_HIST_MAX_UNBOUNDED if max_staleness is None else max_staleness)
+        self._stats = StalenessStats(hist_max if hist_max is not None
+                                     else _HIST_MAX_UNBOUNDED if max_staleness is None else max_staleness)
 
     # -- queue state -------------------------------------------------------------------------------
 

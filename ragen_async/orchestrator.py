@@ -128,7 +128,8 @@ def make_buffer(cfg: RunConfig) -> TrajectoryBuffer:
         groups_per_step=cfg.rollout.groups_per_step, max_staleness=cfg.staleness.max_staleness,
         filter_mode=cfg.algo.filter_mode, filter_ratio=cfg.algo.filter_ratio, norm_mode=cfg.algo.grpo_norm,
         num_ranks=cfg.learner.num_ranks if cfg.runtime == "ray" else 1, fixed_lag=cfg.staleness.fixed_lag,
-        group_size=cfg.rollout.group_size, consume=cfg.staleness.consume)
+        group_size=cfg.rollout.group_size, consume=cfg.staleness.consume,
+        hist_max=cfg.staleness.adaptive_max_staleness if cfg.staleness.adaptive else None)
 
 
 def make_runtime(cfg: RunConfig, log_dir: Path | None = None, pool: EnginePool | None = None,
@@ -216,6 +217,8 @@ class Trainer:
                                        s.adaptive_patience)
         elif s.adaptive:
             self.adaptive = AdaptiveBound(s.max_staleness, s.adaptive_min_staleness, s.adaptive_patience, s.adaptive_engage_staleness)
+        self.consumed_bound: int | None = None
+        """Adaptive: the loosest bound the last batch's groups were admitted under (``staleness/consumed_bound``)."""
         self.completed = 0
         """The last learner step whose update the learner holds (what a failure saves)."""
         self.saved_step: int | None = None
@@ -307,6 +310,7 @@ class Trainer:
         batch = self.buffer.next_batch(self.version, step, time.time())
         await self._report(consumed=batch.indices)
         bounds = {g.index: self.buffer.bound_of(g.index) for g in batch.groups} if self.adaptive is not None else None
+        self.consumed_bound = max((b for b in (bounds or {}).values() if b is not None), default=None)
         self.provenance.write(step + 1, self.version, batch.groups, batch.shards, self._drops, bounds)
         self._drops = []
         return batch
@@ -328,8 +332,10 @@ class Trainer:
         if self.adaptive is None:
             return
         before = self.buffer.max_staleness
+        if self.consumed_bound is not None:
+            record["staleness/consumed_bound"] = float(self.consumed_bound)
         if isinstance(self.adaptive, KLTargetBound):
-            after = self.adaptive.update(record.get("stale/k3_kl"))
+            after = self.adaptive.update(record.get("stale/k3_kl"), self.consumed_bound)
             record["staleness/controller_kl"] = math.nan if self.adaptive.kl is None else self.adaptive.kl
         else:
             after = self.adaptive.update(bool(fired))

@@ -304,9 +304,10 @@ class KLTargetBound:
 
     Each learner step with stale tokens updates a moving average of log KL (span ``span``). Above ``log target``
     the bound is cut at once to ``floor(bound * sqrt(target / KL))`` (at least one lower; KL grows about as the
-    square of the age), then held for as many steps as the cut (the groups admitted under the old bound drain
-    first, so the cut shows in the KL only then) plus ``span``. After ``patience`` steps in a row under half the
-    target it rises by one. It stays within ``lowest`` .. ``highest`` and starts at ``start``: always finite,
+    square of the age), then held while the groups admitted under the old bound drain (in order they are consumed
+    first, at their old age, so the cut shows in the KL only then) and for ``span`` steps after: only a step whose
+    consumed groups were all admitted under the current bound or a tighter one (``consumed_bound``) counts towards
+    the hold. After ``patience`` steps in a row under half the target it rises by one. It stays within ``lowest`` .. ``highest`` and starts at ``start``: always finite,
     so at most ``(bound + 1) * groups_per_step`` groups are in flight and a cut bites within ``bound`` steps.
     A step without stale tokens (none consumed yet) decides nothing. Pure and deterministic:
     the caller feeds one KL (or ``None``) per learner step and reads :attr:`reason` for the change it made."""
@@ -332,10 +333,13 @@ class KLTargetBound:
         """The averaged KL the controller compares with its target."""
         return None if self.average is None else math.exp(self.average)
 
-    def update(self, kl: float | None) -> int:
-        """The bound for the next steps after a step whose stale tokens' KL was ``kl`` (``None``: none stale)."""
+    def update(self, kl: float | None, consumed_bound: int | None = None) -> int:
+        """The bound for the next steps after a step whose stale tokens' KL was ``kl`` (``None``: none stale) and
+        whose consumed groups were admitted under bounds up to ``consumed_bound`` (``None``: not known, the step
+        counts as measured under the current bound)."""
         bound, self.reason = self.max_staleness, ""
-        self.hold = max(0, self.hold - 1)
+        if consumed_bound is None or consumed_bound <= bound:
+            self.hold = max(0, self.hold - 1)
         if kl is None or not math.isfinite(kl) or kl <= 0:
             return bound  # nothing measured: nothing decided
         alpha = 2.0 / (self.span + 1)
@@ -344,7 +348,7 @@ class KLTargetBound:
         if over and self.hold == 0 and bound > self.lowest:
             scaled = math.floor(bound * math.sqrt(self.target / math.exp(self.average)) + 1e-9)
             self.max_staleness = max(self.lowest, min(bound - 1, scaled))
-            self.hold, self.quiet = bound - self.max_staleness + self.span, 0
+            self.hold, self.quiet = self.span, 0
             self.reason = f"stale KL {math.exp(self.average):.2e} over the target {self.target:.2e}"
         elif self.average < math.log(self.target / 2):
             self.quiet += 1

@@ -212,14 +212,14 @@ def test_adaptive_settings_that_cannot_work_are_refused(overrides, message):
 
 def test_the_kl_target_bound_cuts_in_proportion_holds_while_it_drains_and_rises_back():
     bound = KLTargetBound(target=1e-3, start=8, lowest=1, highest=10, patience=2, span=1)  # span 1: no averaging
-    # 4x over the target: the age that gives it is about sqrt(4) = 2x too old, so 8 -> 4; then held for the
-    # 4 steps the old groups take to drain plus the span, however high the KL stays
-    assert bound.update(4e-3) == 4 and "over the target" in bound.reason
-    assert [bound.update(4e-3) for _ in range(4)] == [4, 4, 4, 4] and bound.reason == ""
-    assert bound.update(1.1e-3) == 3  # still over: at least one lower
-    assert [bound.update(None) for _ in range(6)] == [3, 3, 3, 3, 3, 3]  # nothing stale: nothing decided
+    # 4x over the target: the age that gives it is about sqrt(4) = 2x too old, so 8 -> 4; then held, however high
+    # the KL stays, while the groups admitted under 8 drain (consumed bound 8) and for the span after
+    assert bound.update(4e-3, 8) == 4 and "over the target" in bound.reason
+    assert [bound.update(4e-3, 8) for _ in range(8)] == [4] * 8 and bound.reason == ""
+    assert bound.update(1.1e-3, 4) == 3  # measured under the new bound, and still over: at least one lower
+    assert [bound.update(None, 3) for _ in range(6)] == [3, 3, 3, 3, 3, 3]  # nothing stale: nothing decided
     # under half the target for `patience` steps in a row: one up (between half and the target: no change)
-    assert [bound.update(x) for x in (4e-4, 7e-4, 4e-4, 4e-4, 4e-4, 4e-4)] == [3, 3, 3, 4, 4, 5]
+    assert [bound.update(x, 3) for x in (4e-4, 7e-4, 4e-4, 4e-4, 4e-4, 4e-4)] == [3, 3, 3, 4, 4, 5]
     assert "under half the target" in bound.reason
     for _ in range(30):
         bound.update(1e-5)
@@ -229,6 +229,35 @@ def test_the_kl_target_bound_cuts_in_proportion_holds_while_it_drains_and_rises_
     assert restored.state() == bound.state() and restored.update(0.5) == bound.update(0.5) == 1  # never below 1
     with pytest.raises(ValueError):
         KLTargetBound(target=1e-3, start=4, highest=2)
+
+
+def in_order_pipeline(controller: KLTargetBound, steps: int, kl_per_age2: float, start: int) -> list[int]:
+    """The bound after each step of an in-order run whose generation outpaces the learner (the gate binds), in the
+    loop's order: a step consumes the oldest batch in flight, its new version opens admission under the bound in
+    force (a batch admitted after step s is consumed at step s + bound + 1, at age bound), then the controller reads
+    the step's stale KL, ``kl_per_age2`` x age squared; after a tightening nothing is admitted until the batches in
+    flight drain under it."""
+    pipeline = [(start, a) for a in range(-start - 1, 0)]  # (bound admitted under, step admitted after)
+    bound, bounds = start, []
+    for step in range(steps):
+        admitted_under, admitted_at = pipeline.pop(0)
+        age = step - admitted_at - 1
+        while len(pipeline) < bound + 1:
+            pipeline.append((bound, step))
+        bound = controller.update(kl_per_age2 * age**2 if age > 0 else None, admitted_under)
+        bounds.append(bound)
+    return bounds
+
+
+def test_after_a_cut_the_kl_target_bound_waits_for_the_old_groups_to_drain_and_settles():
+    """At bound 4 the stale KL is 1.25x the target, at 3 between half the target and the target: the bound is cut
+    once, to 3, and stays there. It measures the cut only after the groups admitted under 4 are consumed (at age
+    4, for 5 steps): a hold of the cut's size plus the average's span re-cut to 2 on the old groups' KL and then
+    swung between bounds."""
+    controller = KLTargetBound(target=2e-3, start=4, lowest=1, highest=16, patience=5, span=5)
+    bounds = in_order_pipeline(controller, 200, 2.5e-3 / 16, start=4)
+    cut = bounds.index(3)
+    assert bounds[:cut] == [4] * cut and bounds[cut:] == [3] * (200 - cut), bounds
 
 
 def test_the_kl_average_smooths_a_single_spike():
@@ -275,3 +304,20 @@ def test_the_loop_holds_the_stale_kl_under_its_target_and_logs_why_the_bound_mov
     printed = capsys.readouterr().out  # and on the run's console
     assert "adaptive staleness: bound 4 -> 5 after step None: stale KL under half the target for 2 steps" in printed
     assert trainer.buffer.max_staleness == runtime.admission.controller.max_staleness == runtime.admission.moves[-1]
+
+
+def test_a_kl_target_runs_token_age_histogram_reaches_the_highest_bound_it_may_set(tmp_path):
+    """The histogram's bins (``staleness/token_hist/*``) run to ``adaptive_max_staleness``, not to the bound the
+    run starts from: a group 10 versions old under a bound raised to 16 is counted at 10, not as overflow."""
+    from ragen_async.orchestrator import make_buffer
+    from tests.fakes import make_group
+
+    cfg = load_config("configs/tiny/starpo_s_bandit.yaml", [
+        f"run_root={tmp_path}", "runtime=ray", "staleness.max_staleness=4", "staleness.adaptive=true",
+        "staleness.kl_target=0.001", "staleness.adaptive_max_staleness=16", "algo.filter_mode=none",
+        "rollout.envs=[{tag: Bandit, n_groups: 1}]", "learner.num_ranks=1"])
+    buffer = make_buffer(cfg)
+    buffer.set_max_staleness(16, from_index=0)
+    buffer.add(make_group(0, version=0), learner_version=10, now=0.0)
+    metrics = buffer.next_batch(10, 0, 1.0).metrics
+    assert metrics["staleness/token_hist/10"] == 1.0 and metrics["staleness/token_hist/overflow"] == 0.0

@@ -63,6 +63,23 @@ def test_abandoned_indices_are_handed_out_again_to_a_waiting_request():
     asyncio.run(main())
 
 
+def test_a_request_the_dead_producer_left_waiting_takes_nothing_when_it_is_abandoned():
+    """A producer dies with a request waiting at the gate (its process is gone, the call is not): abandoning it
+    wakes that call, which must not take the replays (nobody would play them, and an in-order learner would wait
+    for them for ever); its replacement, under the same name, gets them."""
+    async def main():
+        gate = AdmissionGate(0, 2)
+        assert await gate.admit("w3", 2) == [0, 1]
+        orphan = asyncio.create_task(gate.admit("w3", 2, wait_s=30))  # the call the dead producer left behind
+        await asyncio.sleep(0.02)
+        assert await gate.abandon("w3") == [0, 1]
+        assert await orphan == []
+        assert await gate.admit("w3", 2) == [0, 1]  # the replacement, asking after the abandon
+        assert (await gate.state())["outstanding"] == [0, 1]
+
+    asyncio.run(main())
+
+
 class StubWorker(RolloutWorker):
     """The real rollout loop (``RolloutWorker.run``); a group takes 10 ms and is its index."""
 

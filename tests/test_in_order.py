@@ -365,6 +365,11 @@ def test_in_order_drops_nothing_while_the_bound_moves_and_the_audit_checks_each_
     assert any(age > 1 and step > 9 and bound == 4 for age, bound, step in groups)  # drained under its own bound
     changes = [r["staleness/bound_change"] for r in sink.records if "staleness/bound_change" in r]
     assert changes.count(-1.0) == 2 and changes.count(1.0) == 1
+    # each step logs the loosest bound its groups were admitted under (what the controller measures against)
+    consumed = {r["learner/step"]: r["staleness/consumed_bound"] for r in sink.records if "staleness/consumed_bound" in r}
+    assert consumed == {p["step"]: max(g["bound"] for g in p["groups"]) for p in provenance}
+    assert any(consumed[s] > r["staleness/max_staleness"] for s, r in
+               ((r["learner/step"], r) for r in sink.records if "staleness/consumed_bound" in r))
     bounds = bounds_from_metrics(sink.records)
     assert audit_staleness(provenance, 4, adaptive=True, bounds=bounds)["violations"] == []
     assert audit_in_order(provenance, 4, adaptive=True, bounds=bounds)["drops"] == []
@@ -372,3 +377,13 @@ def test_in_order_drops_nothing_while_the_bound_moves_and_the_audit_checks_each_
     forged[-1]["groups"][0]["bound"] = 9  # looser than any bound in force
     (violation,) = audit_staleness(forged, 4, adaptive=True, bounds=bounds)["violations"]
     assert violation["rule"] == "admitted_bound"
+    # A step whose bound the metrics lack (e.g. a step lost with a failed weight sync) still holds each group to the
+    # bound it was admitted under, where provenance records it.
+    aged = json.loads(json.dumps(provenance))
+    record = next(p for p in aged if any(g["bound"] == 1 for g in p["groups"]))
+    group = next(g for g in record["groups"] if g["bound"] == 1)
+    group["min_version"] = record["learner_version"] - 3  # 3 <= the top bound 4, but above its own 1
+    without = {s: b for s, b in bounds.items() if s != record["step"]}
+    result = audit_staleness(aged, 4, adaptive=True, bounds=without)
+    assert record["step"] in result["bound_unknown_steps"]
+    assert [(v["index"], v["bound"], v["rule"]) for v in result["violations"]] == [(group["index"], 1, "admitted_bound")]

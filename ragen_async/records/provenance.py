@@ -117,7 +117,8 @@ def audit(provenance: Sequence[dict], admission: dict, up_to_step: int) -> dict:
 def bounds_from_metrics(records: Iterable[dict]) -> dict[int, int | None]:
     """The staleness bound in force at each learner step, from ``metrics.jsonl`` records:
     ``staleness/max_staleness`` (``staleness/bound`` in older runs) of the step's record (logged before the
-    step's early warnings move it, so it is the bound the buffer applied when that step's batch was taken);
+    step's early warnings move it, so it is the bound in force when that step's batch was taken; in order, a group
+    admitted earlier may hold a looser one, which provenance records per group);
     ``None`` where it was NaN (unbounded at that step). The last record of a step wins (a resumed run logs it
     again); records without one (validation) are skipped."""
     out: dict[int, int | None] = {}
@@ -176,9 +177,9 @@ def audit_staleness(provenance: Sequence[dict], max_staleness: int | None, *, fi
         step_bound = bound
         for g in record["groups"]:
             bound, held_looser = step_bound, False
-            if regime == "adaptive" and "bound" in g and step not in unknown:
+            if regime == "adaptive" and "bound" in g:  # the bound it was admitted under
                 bound = g["bound"]
-                held_looser = (math.inf if bound is None else bound) > loosest
+                held_looser = step not in unknown and (math.inf if bound is None else bound) > loosest
             oldest, newest = g.get("min_version"), g.get("max_version")
             staleness = 0 if oldest is None else v - int(oldest)
             newest_staleness = staleness if newest is None else v - int(newest)
@@ -188,8 +189,8 @@ def audit_staleness(provenance: Sequence[dict], max_staleness: int | None, *, fi
             elif regime == "fixed_lag" and (staleness != bound or newest_staleness != bound):
                 rule = "fixed_lag"
             elif held_looser or (bound is not None and staleness > bound):
-                rule = ("admitted_bound" if "bound" in g else "adaptive_bound") if regime == "adaptive" and \
-                    step not in unknown else "max_staleness"
+                rule = ("admitted_bound" if regime == "adaptive" and "bound" in g
+                        else "adaptive_bound" if regime == "adaptive" and step not in unknown else "max_staleness")
             else:
                 continue
             violations.append({"step": step, "learner_version": v, "index": int(g["index"]),

@@ -24,14 +24,21 @@ class AdmissionGate:
     def __init__(self, max_staleness: int | None, groups_per_step: int):
         self.controller = AdmissionController(max_staleness, groups_per_step)
         self._changed = asyncio.Event()
+        self._abandoned: dict[str, int] = {}
+        """How many times each producer name was abandoned: a call that began before the latest abandon of its
+        name is the dead producer's and takes nothing (its replacement keeps the name)."""
 
     async def admit(self, owner: str, n: int = 1, wait_s: float = 0.0) -> list[int]:
         """Up to ``n`` group indices for producer ``owner``; with none free, wait up to ``wait_s`` for a
         change that frees one. An empty answer means none yet (ask again). Every attempt that finds none counts
-        one refusal (``AdmissionController.refusals``)."""
+        one refusal (``AdmissionController.refusals``). A call still waiting when ``owner`` is abandoned belongs
+        to the dead producer: it answers none, so the replays go to a producer that will play them."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
+        epoch = self._abandoned.get(owner, 0)
         while True:
+            if self._abandoned.get(owner, 0) != epoch:
+                return []
             got = self.controller.admit_up_to(n, owner)
             remaining = deadline - loop.time()
             if got or remaining <= 0:
@@ -65,6 +72,7 @@ class AdmissionGate:
         return first
 
     async def abandon(self, owner: str) -> list[int]:
+        self._abandoned[owner] = self._abandoned.get(owner, 0) + 1
         lost = self.controller.abandon(owner)
         self._wake()
         return lost
