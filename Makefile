@@ -69,7 +69,7 @@ test: model
 	OMP_NUM_THREADS=1 WANDB_MODE=disabled $(PY) -m pytest -q -x -n 2 -m "not soak and not alone" --durations=20
 	WANDB_MODE=disabled $(PY) -m pytest -q -x -m "alone and not soak"
 
-# The inner loop (463 tests, about a minute on 2 cores): the StarPO-S math, envs, episodes, codec and transport,
+# The inner loop (482 tests, about half a minute on 2 cores; docs/benchmarks.md): the StarPO-S math, envs, episodes, codec and transport,
 # buffer, staleness and admission, config, budget, collapse watch; no engine, no cluster, no learner.
 FAST_TESTS := tests/algo tests/envs tests/agent tests/transport tests/test_buffer.py tests/test_staleness.py \
 	tests/test_adaptive_staleness.py tests/test_audit_staleness.py tests/records/test_budget.py tests/test_collapse.py \
