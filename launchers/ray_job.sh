@@ -6,8 +6,8 @@
 #   launchers/ray_job.sh [options] sweep SPEC [key.sub=value ...]
 #   launchers/ray_job.sh [options] sweep --resume SWEEP_DIR
 #
-# This directory is uploaded as the job's working directory (without .venv, artifacts, runs,
-# wandb, .git) and `python -u -m ragen_async.cli train CONFIG runtime=ray ...` runs on the head
+# This directory is uploaded as the job's working directory (without .venv, artifacts, runs, wandb, .git,
+# __pycache__, *.egg-info and the studies' run directories) and `python -u -m ragen_async.cli train CONFIG runtime=ray ...` runs on the head
 # node; its actors spread over the cluster. CONFIG must lie inside this repository. --resume
 # continues a run (or sweep) directory with its saved config, so it takes no overrides; give it
 # as an absolute path on the cluster's shared storage.
