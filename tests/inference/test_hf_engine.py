@@ -1,4 +1,5 @@
 import asyncio
+import threading
 
 import pytest
 import torch
@@ -110,16 +111,29 @@ def test_inflight_update_switches_version_mid_reply(random_tiny_qwen2, reference
     assert g.token_versions == [1] * 30 and g.start_version == 1 and g.end_version == 1
 
     async def concurrent():
-        task = asyncio.create_task(eng.generate(PROMPT, SamplingConfig(max_tokens=60, seed=0)))
-        while True:
-            await asyncio.sleep(0.01)
-            if task.done():
-                break
+        # The reply is paused after its 10th token (by the engine's own pause, from inside its 10th forward), so
+        # the update lands mid-reply however fast or loaded the machine is (sleeping and hoping raced the reply).
+        forward, calls, paused = eng.model.forward, [0], threading.Event()
+
+        def counting_forward(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == 10:
+                asyncio.run(eng.pause())
+                paused.set()
+            return forward(*args, **kwargs)
+
+        eng.model.forward = counting_forward
+        try:
+            task = asyncio.create_task(eng.generate(PROMPT, SamplingConfig(max_tokens=60, seed=0)))
+            assert await asyncio.to_thread(paused.wait, 60)
             await eng.load_state_dict(state.items(), version=eng.policy_version + 1)
-        return await task
+            await eng.resume()
+            return await task
+        finally:
+            del eng.model.forward
 
     g = run(concurrent())
-    assert g.token_versions == sorted(g.token_versions)
+    assert g.token_versions == [1] * 10 + [2] * 50
     assert g.start_version == 1 and g.end_version == g.token_versions[-1]
     assert g.end_version > g.start_version
 
