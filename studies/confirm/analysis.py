@@ -154,16 +154,18 @@ def _aic(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return rss, y.size * math.log(rss / y.size) + 2 * (design.shape[1] + 1) if rss > 0 else -math.inf
 
 
-def cost_shape(summaries: Sequence[RunSummary]) -> list[str]:
+def cost_shape(summaries: Sequence[RunSummary], seeds: Sequence[int] = SEEDS, tasks: Sequence[str] = tuple(FLOORS)
+               ) -> list[str]:
     """Beside the verdicts, not deciding any: per task and actor lr with a synchronous cell and at least two stale
     ones (bounds, then unbounded; two runs each, the controller not among them), the shape of the cost along the
     realised mean age: the cost per version of age between neighbouring cells' means; AIC of three one-coefficient
     models of M (a step: one constant cost of any staleness; a line in age; a line in log(1 + age)); and the step's
-    lack of fit against one mean per cell (an F test; the step is nested in it, the two lines are not)."""
+    lack of fit against one mean per cell (an F test; the step is nested in it, the two lines are not). The runs of
+    ``seeds`` on ``tasks`` (the new-level replication's script passes its own)."""
     lines = []
-    for task in FLOORS:
+    for task in tasks:
         by_lr: dict[float, dict[str, list[RunSummary]]] = {}
-        for (lr, cell), members in cells(summaries, task=task).items():
+        for (lr, cell), members in cells(summaries, seeds, task).items():
             if cell != "controller" and len(members) >= 2:
                 by_lr.setdefault(lr, {})[cell] = members
         for lr, c in sorted(by_lr.items()):
