@@ -25,7 +25,7 @@ from scipy import stats as scipy_stats
 
 from ragen_async.collapse import find_collapse
 from ragen_async.study import stats
-from ragen_async.study.report import drops, find_runs, summarize
+from ragen_async.study.report import read_runs
 from ragen_async.study.report.figures import save_figure
 from ragen_async.study.report.registered import load_spec, registered_section
 from ragen_async.study.report.runs import RunData
@@ -279,9 +279,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("paths", nargs="*", type=Path, help="runs or sweeps (default: the study's and the confirmation's)")
     parser.add_argument("--out", type=Path, default=Path("report/confirm"), help="where confirmation.md and .png go")
     args = parser.parse_args(argv)
-    runs, warnings = find_runs(args.paths or DEFAULT_PATHS)
-    summaries = [summarize(r) for r in runs]
-    drops.attach(runs, summaries)
+    runs, summaries, warnings = read_runs(args.paths or DEFAULT_PATHS)
     args.out.mkdir(parents=True, exist_ok=True)
     text = "\n".join(section(runs, summaries))
     (args.out / "confirmation.md").write_text(text)

@@ -23,7 +23,7 @@ from scipy import stats as scipy_stats
 
 from ragen_async.collapse import find_collapse
 from ragen_async.study import stats
-from ragen_async.study.report import drops, find_runs, summarize
+from ragen_async.study.report import read_runs
 from ragen_async.study.report.registered import Spec, cells, load_spec, registered_section
 from ragen_async.study.report.runs import RunData
 from ragen_async.study.report.summary import RunSummary
@@ -97,9 +97,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("paths", nargs="*", type=Path, help="runs or sweeps (default: the three reference sweeps)")
     parser.add_argument("--out", type=Path, default=Path("report/newlevels"), help="where newlevels.md goes")
     args = parser.parse_args(argv)
-    runs, warnings = find_runs(args.paths or DEFAULT_PATHS)
-    summaries = [summarize(r) for r in runs]
-    drops.attach(runs, summaries)
+    runs, summaries, warnings = read_runs(args.paths or DEFAULT_PATHS)
     args.out.mkdir(parents=True, exist_ok=True)
     text = "\n".join(section(runs, summaries))
     (args.out / "newlevels.md").write_text(text)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from ragen_async.study.report import drops, find_runs, summarize
+from ragen_async.study.report import read_runs
 
 NEWLEVELS = Path(__file__).resolve().parents[2] / "studies" / "newlevels"
 _module = importlib.util.spec_from_file_location("newlevels_analysis", NEWLEVELS / "analysis.py")
@@ -34,9 +34,7 @@ def _runs(root, make_run, falls=()):
                      val_curve=lambda step, total, v=level + offset, f=fell: (
                          0.36 if step == 0 else 0.05 if f and step >= 10 else v),
                      config={"staleness": {"max_staleness": k}, "learner": {"actor_lr": lr}})
-    runs, _ = find_runs([root])
-    summaries = [summarize(r) for r in runs]
-    drops.attach(runs, summaries)
+    runs, summaries, _ = read_runs([root])
     return runs, summaries
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ragen_async.study.report import find_runs, summarize, write_report
+from ragen_async.study.report import find_runs, read_runs, summarize, write_report
 from ragen_async.study.report.registered import SpecError, decide, load_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -137,11 +137,7 @@ def _controller_runs(root, make_run, *, age, level, fall_seed=None, dropped_seed
 
 def _read(root):
     """The runs under ``root`` and their summaries with the drop figures, as the report computes them."""
-    from ragen_async.study.report import drops
-
-    runs, _ = find_runs([root])
-    summaries = [summarize(r) for r in runs]
-    drops.attach(runs, summaries)
+    runs, summaries, _ = read_runs([root])
     return runs, summaries
 
 

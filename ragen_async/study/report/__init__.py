@@ -62,7 +62,7 @@ from ragen_async.study.report.summary import RunSummary, reference_bands, summar
 
 __all__ = ["REFERENCE_COLUMNS", "Report", "ReportError", "RunData", "RunSummary", "find_runs", "plot_cells",
            "plot_curves", "plot_lag_sensitivity", "plot_staleness_summary", "read_metrics", "read_reference",
-           "summarize", "val_success_vs_time", "write_report"]
+           "read_runs", "summarize", "val_success_vs_time", "write_report"]
 
 
 @dataclass
@@ -74,6 +74,15 @@ class Report:
     warnings: list[str]
     drops: list[str] = field(default_factory=list)
     """One line per cell that dropped groups (the drops section's figures), for the console."""
+
+
+def read_runs(paths: Sequence[str | Path]) -> tuple[list[RunData], list[RunSummary], list[str]]:
+    """The runs under ``paths``, their summaries with the drop figures attached (:func:`.drops.attach`), and
+    the warnings of finding them: what a study's analysis script reads before its own sections."""
+    runs, warnings = find_runs(paths)
+    summaries = [summarize(r) for r in runs]
+    drops.attach(runs, summaries)
+    return runs, summaries, warnings
 
 
 def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: float = 0.9,
