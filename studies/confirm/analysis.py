@@ -14,7 +14,6 @@ bounded and step-size arms (seeds 0-2, drawn in the figure) and ``studies/confir
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
 from collections.abc import Sequence
@@ -25,7 +24,7 @@ from scipy import stats as scipy_stats
 
 from ragen_async.collapse import find_collapse
 from ragen_async.study import stats
-from ragen_async.study.report import read_runs
+from ragen_async.study.report import study_script
 from ragen_async.study.report.figures import save_figure
 from ragen_async.study.report.registered import load_spec, registered_section
 from ragen_async.study.report.runs import RunData
@@ -275,19 +274,11 @@ def plot_confirmation(runs: Sequence[RunData], summaries: Sequence[RunSummary], 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="The confirmation's verdicts and what is reported beside them.")
-    parser.add_argument("paths", nargs="*", type=Path, help="runs or sweeps (default: the study's and the confirmation's)")
-    parser.add_argument("--out", type=Path, default=Path("report/confirm"), help="where confirmation.md and .png go")
-    args = parser.parse_args(argv)
-    runs, summaries, warnings = read_runs(args.paths or DEFAULT_PATHS)
-    args.out.mkdir(parents=True, exist_ok=True)
-    text = "\n".join(section(runs, summaries))
-    (args.out / "confirmation.md").write_text(text)
-    print(text)
+    args, runs, summaries, done = study_script(
+        argv, description="The confirmation's verdicts and what is reported beside them.", default_paths=DEFAULT_PATHS,
+        out=Path("report/confirm"), markdown="confirmation.md", section=section)
     figure = plot_confirmation(runs, summaries, args.out)
-    print(f"{len(runs)} runs ({len(warnings)} warnings); {args.out / 'confirmation.md'}" +
-          (f", {figure}" if figure is not None else ""))
-
+    print(done + (f", {figure}" if figure is not None else ""))
 
 if __name__ == "__main__":
     main()

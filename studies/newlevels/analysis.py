@@ -14,7 +14,6 @@ cells (the confirmation script's :func:`cost_shape`, on seeds 6-8). PATHS defaul
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +22,7 @@ from scipy import stats as scipy_stats
 
 from ragen_async.collapse import find_collapse
 from ragen_async.study import stats
-from ragen_async.study.report import read_runs
+from ragen_async.study.report import study_script
 from ragen_async.study.report.registered import Spec, cells, load_spec, registered_section
 from ragen_async.study.report.runs import RunData
 from ragen_async.study.report.summary import RunSummary
@@ -93,17 +92,10 @@ def section(runs: Sequence[RunData], summaries: Sequence[RunSummary]) -> list[st
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="The new-level verdicts and what is reported beside them.")
-    parser.add_argument("paths", nargs="*", type=Path, help="runs or sweeps (default: the three reference sweeps)")
-    parser.add_argument("--out", type=Path, default=Path("report/newlevels"), help="where newlevels.md goes")
-    args = parser.parse_args(argv)
-    runs, summaries, warnings = read_runs(args.paths or DEFAULT_PATHS)
-    args.out.mkdir(parents=True, exist_ok=True)
-    text = "\n".join(section(runs, summaries))
-    (args.out / "newlevels.md").write_text(text)
-    print(text)
-    print(f"{len(runs)} runs ({len(warnings)} warnings); {args.out / 'newlevels.md'}")
-
+    *_, done = study_script(argv, description="The new-level verdicts and what is reported beside them.",
+                            default_paths=DEFAULT_PATHS, out=Path("report/newlevels"), markdown="newlevels.md",
+                            section=section)
+    print(done)
 
 if __name__ == "__main__":
     main()

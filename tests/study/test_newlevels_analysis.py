@@ -64,3 +64,12 @@ def test_a_cell_without_runs_leaves_its_pairs_empty_and_no_falls_line(tmp_path, 
     text = "\n".join(analysis.section(runs, kept))
     assert "- N4, M(2e-4/k0) - M(2e-4/kinf), paired over seeds —: —; mean —" in text
     assert "Beside N4" not in text and "| N4 |" in text
+
+
+def test_the_script_writes_and_prints_its_section_for_the_runs_it_is_given(tmp_path, make_run, capsys):
+    _runs(tmp_path / "runs", make_run)
+    analysis.main([str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+    written = (tmp_path / "out" / "newlevels.md").read_text()
+    printed = capsys.readouterr().out
+    assert "| N1 |" in written and written in printed
+    assert printed.rstrip().endswith(f"27 runs (0 warnings); {tmp_path / 'out' / 'newlevels.md'}")

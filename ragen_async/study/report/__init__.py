@@ -39,9 +39,10 @@ together and re-exports what callers use.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,7 +63,7 @@ from ragen_async.study.report.summary import RunSummary, reference_bands, summar
 
 __all__ = ["REFERENCE_COLUMNS", "Report", "ReportError", "RunData", "RunSummary", "find_runs", "plot_cells",
            "plot_curves", "plot_lag_sensitivity", "plot_staleness_summary", "read_metrics", "read_reference",
-           "read_runs", "summarize", "val_success_vs_time", "write_report"]
+           "read_runs", "study_script", "summarize", "val_success_vs_time", "write_report"]
 
 
 @dataclass
@@ -83,6 +84,24 @@ def read_runs(paths: Sequence[str | Path]) -> tuple[list[RunData], list[RunSumma
     summaries = [summarize(r) for r in runs]
     drops.attach(runs, summaries)
     return runs, summaries, warnings
+
+
+def study_script(argv: Sequence[str] | None, *, description: str, default_paths: Sequence[Path], out: Path,
+                 markdown: str, section: Callable[[list[RunData], list[RunSummary]], list[str]]) -> tuple[
+                     argparse.Namespace, list[RunData], list[RunSummary], Path]:
+    """A study's analysis script from the command line: the runs under the given paths (``default_paths`` when
+    none), ``section(runs, summaries)`` written to ``--out``/``markdown`` and printed; returns the arguments, the
+    runs, their summaries and a closing line (how many runs, their warnings, the file) for the script to print."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("paths", nargs="*", type=Path, help="runs or sweeps (default: the script's own)")
+    parser.add_argument("--out", type=Path, default=out, help=f"where {markdown} (and any figure) goes")
+    args = parser.parse_args(argv)
+    runs, summaries, warnings = read_runs(args.paths or default_paths)
+    args.out.mkdir(parents=True, exist_ok=True)
+    text = "\n".join(section(runs, summaries))
+    (args.out / markdown).write_text(text)
+    print(text)
+    return args, runs, summaries, f"{len(runs)} runs ({len(warnings)} warnings); {args.out / markdown}"
 
 
 def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: float = 0.9,
