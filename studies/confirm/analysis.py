@@ -7,16 +7,16 @@ The verdicts (H1-H8, F0-F4, C0-C4) are the registered evaluator's on ``predictio
 (3, 4, 5). Beside them, deciding nothing: H4's falls with Fisher's exact test, each controller cell against its
 unbounded and synchronous (or k = 4) cells, the shape of the cost along age on each task's cells (:func:`cost_shape`),
 the stale-ESS warnings before each fall (:func:`leads`), and the figure of the confirmation beside the study's own
-cells (:func:`plot_confirmation`). PATHS default to the study's and the confirmation's runs: the specimen study's
-bounded and step-size arms (seeds 0-2, drawn in the figure) and ``studies/confirm/*``. ``--out`` gets
-``confirmation.md`` and ``confirmation.png``.
+cells and the new levels' (:func:`plot_confirmation`). PATHS default to the specimen study's bounded and step-size
+arms (seeds 0-2), ``studies/confirm/*`` and the new levels' reference sweeps (seeds 6-8), the first and last drawn
+in the figure only. ``--out`` gets ``confirmation.md`` and ``confirmation.png``.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -46,9 +46,11 @@ STUDY_SEEDS = (0, 1, 2)
 SPEC = Path(__file__).with_name("predictions.yaml")
 """The confirmation's predictions as data, decided by ``report --registered``'s evaluator."""
 STUDIES = Path(__file__).resolve().parents[1]
+NEW_LEVELS = STUDIES / "newlevels"
 DEFAULT_PATHS = (STUDIES / "specimen" / "bounded", STUDIES / "specimen" / "step_size", *sorted(
-    p for p in (STUDIES / "confirm").iterdir() if p.is_dir()))
-"""The study's bounded and step-size arms (seeds 0-2, for the figure) and every sweep of the confirmation."""
+    p for p in (STUDIES / "confirm").iterdir() if p.is_dir()), *(NEW_LEVELS / n for n in ("lr1e4", "lr2e4", "countdown")))
+"""The study's bounded and step-size arms (seeds 0-2), every sweep of the confirmation, and the new levels'
+reference cells (seeds 6-8); the verdicts here read seeds 3-5 only, the figure all three cohorts."""
 
 
 def _cell(s: RunSummary, seeds: Sequence[int], task: str) -> str | None:
@@ -59,13 +61,15 @@ def _cell(s: RunSummary, seeds: Sequence[int], task: str) -> str | None:
     return None if s.lag != "bounded" else "kinf" if s.k is None else f"k{s.k}"
 
 
-def cells(summaries: Sequence[RunSummary], seeds: Sequence[int] = SEEDS, task: str = SOKOBAN
+def cells(summaries: Sequence[RunSummary], seeds: Sequence[int] = SEEDS, task: str = SOKOBAN,
+          cell_of: Callable[[RunSummary, Sequence[int], str], str | None] = _cell
           ) -> dict[tuple[float, str], list[RunSummary]]:
     """The cells of ``seeds``' finished runs on ``task`` without correction: (actor lr, ``k<n>`` for a bound n |
-    ``kinf`` (unbounded) | ``controller`` (the staleness controller from unbounded)) -> runs."""
+    ``kinf`` (unbounded) | ``controller`` (the staleness controller from unbounded)) -> runs; ``cell_of`` names a
+    run's cell (None: in none)."""
     out: dict[tuple[float, str], list[RunSummary]] = {}
     for s in summaries:
-        cell = _cell(s, seeds, task)
+        cell = cell_of(s, seeds, task)
         if cell is not None:
             out.setdefault((s.actor_lr_key, cell), []).append(s)
     return out
@@ -153,14 +157,14 @@ def _aic(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return rss, y.size * math.log(rss / y.size) + 2 * (design.shape[1] + 1) if rss > 0 else -math.inf
 
 
-def cost_shape(summaries: Sequence[RunSummary], seeds: Sequence[int] = SEEDS, tasks: Sequence[str] = tuple(FLOORS)
-               ) -> list[str]:
+def cost_shape(summaries: Sequence[RunSummary], seeds: Sequence[int] = SEEDS, tasks: Sequence[str] = tuple(FLOORS),
+               aic_digits: int = 1) -> list[str]:
     """Beside the verdicts, not deciding any: per task and actor lr with a synchronous cell and at least two stale
     ones (bounds, then unbounded; two runs each, the controller not among them), the shape of the cost along the
     realised mean age: the cost per version of age between neighbouring cells' means; AIC of three one-coefficient
     models of M (a step: one constant cost of any staleness; a line in age; a line in log(1 + age)); and the step's
     lack of fit against one mean per cell (an F test; the step is nested in it, the two lines are not). The runs of
-    ``seeds`` on ``tasks`` (the new-level replication's script passes its own)."""
+    ``seeds`` on ``tasks`` (the new-level replication's script passes its own); AICs to ``aic_digits`` decimals."""
     lines = []
     for task in tasks:
         by_lr: dict[float, dict[str, list[RunSummary]]] = {}
@@ -190,7 +194,7 @@ def cost_shape(summaries: Sequence[RunSummary], seeds: Sequence[int] = SEEDS, ta
             f = (fits["step"][0] - rss_cells) / df1 / (rss_cells / df2) if rss_cells > 0 and df2 > 0 else math.nan
             lack = (f"p = {scipy_stats.f.sf(f, df1, df2):.3f} (F {f:.2f} on {df1} and {df2} degrees of freedom)"
                     if math.isfinite(f) else "not measurable")
-            aics = ", ".join(f"{name} {fit[1]:.1f}" for name, fit in sorted(fits.items(), key=lambda kv: kv[1][1]))
+            aics = ", ".join(f"{name} {fit[1]:.{aic_digits}f}" for name, fit in sorted(fits.items(), key=lambda kv: kv[1][1]))
             lines.append(f"- {task} at actor lr {_lr_name(lr)} ({y.size} runs): per version of mean age {segments}; "
                          f"AIC {aics}; the step's lack of fit against the cells' means {lack}.")
     return lines
@@ -230,47 +234,58 @@ PANELS = ((SOKOBAN, 1e-4), (SOKOBAN, 2e-4), *((task, 1e-4) for task in SECOND_TA
 """The confirmation figure's panels: (task, actor lr)."""
 
 
-def plot_confirmation(runs: Sequence[RunData], summaries: Sequence[RunSummary], out: Path) -> Path | None:
-    """The confirmation beside the original study: per task and step size (``PANELS``) a panel of M (mean
-    validation success after step 0) per cell, the study's seeds (0-2, hollow) left of the confirmation's (3-5,
-    filled), each run a point (a cross over it: the run fell, :func:`fell_at`), each cohort's cell mean with its
-    95 % interval. Cells: every bound either cohort ran there, unbounded and the controller. Panels without a
-    confirmation run are left out; None without any."""
+COHORTS = ((STUDY_SEEDS, "study, seeds 0-2", "tab:gray", "none", FLOORS),
+           (SEEDS, "confirmation, seeds 3-5", "tab:blue", None, FLOORS),
+           ((6, 7, 8), "new levels, seeds 6-8", "tab:green", None, {SOKOBAN: 0.180, COUNTDOWN: 0.0}))
+"""The confirmation figure's cohorts, left to right: (seeds, label, colour, face colour (None: filled), the fall
+rule's floor per task). The study and the confirmation played the study's levels; seeds 6-8 the new levels
+(PREDICTIONS.md, "New levels", whose floor on Sokoban is the random policy's there)."""
+
+
+def plot_confirmation(runs: Sequence[RunData], summaries: Sequence[RunSummary], out: Path, *,
+                      panels: Sequence[tuple[str, float]] = PANELS, cohorts: Sequence[tuple] = COHORTS,
+                      cell_of: Callable = _cell, name: str = "confirmation.png") -> Path | None:
+    """The confirmation beside the original study and the new levels: per task and step size (``panels``) a panel
+    of M (mean validation success after step 0) per cell, one column of points per cohort (``cohorts``: the
+    study's seeds 0-2 hollow, then the confirmation's 3-5 and the new levels' 6-8 filled), each run a point (a
+    cross over it: the run fell by PREDICTIONS.md's rule with its cohort's floor), each cohort's cell mean with its
+    95 % interval. Cells (``cell_of``): every bound a cohort ran there, unbounded and the staleness controller.
+    Panels without a confirmation run (``cohorts[1]``) are left out; None without any."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
     by_name = {r.name: r for r in runs}
-    panels = [(task, lr, cells(summaries, task=task), cells(summaries, STUDY_SEEDS, task)) for task, lr in PANELS]
-    panels = [p for p in panels if any(key[0] == p[1] for key in p[2])]
+    panels = [(task, lr, [cells(summaries, seeds, task, cell_of) for seeds, *_ in cohorts]) for task, lr in panels]
+    panels = [p for p in panels if any(key[0] == p[1] for key in p[2][min(1, len(cohorts) - 1)])]
     if not panels:
         return None
+    offsets = np.linspace(-0.15, 0.15, len(cohorts)) if len(cohorts) > 1 else np.zeros(1)
     fig = Figure(figsize=(5.5 * len(panels), 4.2), layout="constrained")
-    for ax, (task, lr, new, old) in zip(np.atleast_1d(fig.subplots(1, len(panels))), panels, strict=True):
-        cohorts = ((old, "tab:gray", "none", -0.15), (new, "tab:blue", None, 0.15))
-        names = sorted({cell for c in (new, old) for (rate, cell) in c if rate == lr}, key=_cell_order)
-        for x, name in enumerate(names):
-            for c, color, face, offset in cohorts:
-                members = [s for s in c.get((lr, name), []) if math.isfinite(s.mean_val)]
+    for ax, (task, lr, by_cohort) in zip(np.atleast_1d(fig.subplots(1, len(panels))), panels, strict=True):
+        names = sorted({cell for c in by_cohort for (rate, cell) in c if rate == lr}, key=_cell_order)
+        for x, name_ in enumerate(names):
+            for c, (_, _, color, face, floors), offset in zip(by_cohort, cohorts, offsets, strict=True):
+                members = [s for s in c.get((lr, name_), []) if math.isfinite(s.mean_val)]
                 if not members:
                     continue
                 ys = [s.mean_val for s in members]
                 ax.scatter([x + offset] * len(ys), ys, s=30, alpha=0.8, edgecolors=color, facecolors=face or color)
-                fell = [s.mean_val for s in members if fell_at(by_name[s.name], task) is not None]
+                fell = [s.mean_val for s in members
+                        if find_collapse(*by_name[s.name].val_success(), floor=floors[task]).fell is not None]
                 ax.scatter([x + offset] * len(fell), fell, s=70, marker="x", color="tab:red")
                 mean, below, above = stats.error_bar(ys, 0.0, 1.0)
-                ax.errorbar([x + offset + 0.08 * np.sign(offset)], [mean], yerr=[[below], [above]], color=color,
-                            marker="_", markersize=14, capsize=4)
+                ax.errorbar([x + offset + 0.08 * (np.sign(offset) or 1)], [mean], yerr=[[below], [above]],
+                            color=color, marker="_", markersize=14, capsize=4)
         labels = {"kinf": "∞", "controller": "controller"}
         ax.set_xticks(range(len(names)), [labels.get(n, n[1:]) for n in names])
         ax.set(xlabel="max staleness k", ylabel="M: mean validation success after step 0",
                title=f"{task}, actor lr " + f"{lr:.0e}".replace("e-0", "e-"), ylim=(0.0, None))
         ax.grid(alpha=0.3)
     handles = [Line2D([], [], color=color, marker="o", ls="", markerfacecolor=face or color, label=label)
-               for label, color, face in (("study, seeds 0-2", "tab:gray", "none"),
-                                          ("confirmation, seeds 3-5", "tab:blue", None))]
+               for _, label, color, face, _ in cohorts]
     handles.append(Line2D([], [], color="tab:red", marker="x", ls="", label="the run fell"))
     fig.axes[-1].legend(handles=handles, fontsize=8, frameon=False, loc="best")
-    return save_figure(fig, out / "confirmation.png")
+    return save_figure(fig, out / name)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -8,8 +8,9 @@ The verdicts N1-N8 are the registered evaluator's on ``predictions.yaml`` beside
 prediction the mean of the three per-seed differences of M (runs with the same sampling seed play the same levels)
 with its t-interval; the falls of the unbounded and synchronous cells at lr 2e-4 with Fisher's exact test (beside
 N4); and **the shape**, the AIC of three fits of M on Age (a step at Age > 0, the line, log(1 + Age)) on each task's
-cells (the confirmation script's :func:`cost_shape`, on seeds 6-8). PATHS default to the three reference sweeps;
-``--out`` gets ``newlevels.md``.
+cells (the confirmation script's :func:`cost_shape`, on seeds 6-8). And a figure of M per cell, each run a point
+(:func:`plot`). PATHS default to the three reference sweeps and the controller's where they exist; ``--out`` gets
+``newlevels.md`` and ``newlevels.png``.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from ragen_async.study.report.summary import RunSummary
 HERE = Path(__file__).resolve().parent
 SPEC = HERE / "predictions.yaml"
 """N1-N8 as data, committed before the first run here."""
-DEFAULT_PATHS = tuple(HERE / name for name in ("lr1e4", "lr2e4", "countdown"))
-"""The reference cells: Sokoban at actor lr 1e-4 and 2e-4, SmallCountdown at 1e-4."""
+DEFAULT_PATHS = tuple(HERE / name for name in ("lr1e4", "lr2e4", "countdown", "controller", "controller_countdown")
+                      if (HERE / name).is_dir())
+"""The reference cells (Sokoban at actor lr 1e-4 and 2e-4, SmallCountdown at 1e-4) and the controller's runs."""
 _spec = importlib.util.spec_from_file_location("confirm_analysis", HERE.parent / "confirm" / "analysis.py")
 confirm = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(confirm)
@@ -82,7 +84,7 @@ def section(runs: Sequence[RunData], summaries: Sequence[RunSummary]) -> list[st
         "M of each seed's run in the first cell minus that in the second, the mean with its 95 % t-interval.", "",
         *paired(spec, summaries)]
     lines += ["", *falls_beside_n4(spec, runs, summaries)]
-    shape = confirm.cost_shape(summaries, seeds=spec.seeds, tasks=[f.task for f in spec.families])
+    shape = confirm.cost_shape(summaries, seeds=spec.seeds, tasks=[f.task for f in spec.families], aic_digits=3)
     if shape:
         lines += ["", "The shape of the cost along age (described, not tested): per version, the difference of "
                   "neighbouring cells' mean M over that of their mean ages; AIC = n ln(RSS / n) + 2 (coefficients + "
@@ -91,11 +93,31 @@ def section(runs: Sequence[RunData], summaries: Sequence[RunSummary]) -> list[st
     return [*lines, ""]
 
 
+def _cell(s: RunSummary, seeds: Sequence[int], task: str) -> str | None:
+    """A run's cell in the figure: the confirmation's naming, and ``controller`` for the KL-target controller
+    (adaptive from a bound)."""
+    if s.lag == "adaptive" and s.finished and s.off_policy == "none" and s.seed in seeds and task in s.val:
+        return "controller"
+    return confirm._cell(s, seeds, task)
+
+
+def plot(runs: Sequence[RunData], summaries: Sequence[RunSummary], out: Path) -> Path | None:
+    """M per cell on the new levels (seeds 6-8), each run a point, a cross where it fell (its family's floor), the
+    cell's mean with its 95 % interval; Sokoban at both step sizes and SmallCountdown, the controller beside the
+    reference cells once it has run."""
+    spec = load_spec(SPEC)
+    return confirm.plot_confirmation(
+        runs, summaries, out, panels=((confirm.SOKOBAN, 1e-4), (confirm.SOKOBAN, 2e-4), (confirm.COUNTDOWN, 1e-4)),
+        cohorts=((spec.seeds, "new levels, seeds " + "-".join(map(str, (spec.seeds[0], spec.seeds[-1]))),
+                  "tab:green", None, {f.task: f.floor for f in spec.families}),), cell_of=_cell, name="newlevels.png")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    *_, done = study_script(argv, description="The new-level verdicts and what is reported beside them.",
-                            default_paths=DEFAULT_PATHS, out=Path("report/newlevels"), markdown="newlevels.md",
-                            section=section)
-    print(done)
+    args, runs, summaries, done = study_script(
+        argv, description="The new-level verdicts and what is reported beside them.", default_paths=DEFAULT_PATHS,
+        out=Path("report/newlevels"), markdown="newlevels.md", section=section)
+    figure = plot(runs, summaries, args.out)
+    print(done + (f", {figure}" if figure is not None else ""))
 
 if __name__ == "__main__":
     main()

@@ -138,7 +138,7 @@ def test_a_second_task_is_decided_apart_and_its_gate_comes_first(tmp_path, make_
     assert got[f"{x}3c"].statistic == "M 1e-4/adaptive 0.510 against 1e-4/k4 0.500"
 
 
-def test_the_figure_sets_the_confirmation_beside_the_studys_cells(tmp_path, make_run, monkeypatch):
+def test_the_figure_sets_the_confirmation_beside_the_studys_cells_and_the_new_levels(tmp_path, make_run, monkeypatch):
     confirm = analysis
     cells = {key: level for key, level in LEVEL.items() if key[0] == 2e-4}
     _runs(tmp_path / "confirm", make_run, cells)
@@ -146,6 +146,8 @@ def test_the_figure_sets_the_confirmation_beside_the_studys_cells(tmp_path, make
         make_run(tmp_path / "study" / f"k4-s{seed}", k=4, seed=seed, val_curve=lambda step, total: 0.38,
                  envs=("SimpleSokoban",),
                  config={"staleness": {"max_staleness": 4}, "learner": {"actor_lr": 2e-4}})
+    make_run(tmp_path / "newlevels" / "k4-s6", k=4, seed=6, val_curve=lambda step, total: 0.33,
+             envs=("SimpleSokoban",), config={"staleness": {"max_staleness": 4}, "learner": {"actor_lr": 2e-4}})
     runs, _ = find_runs([tmp_path])
     summaries = [summarize(r, collapse_floor=0.176) for r in runs]
     saved = {}
@@ -156,7 +158,10 @@ def test_the_figure_sets_the_confirmation_beside_the_studys_cells(tmp_path, make
     assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "4", "∞", "controller"]
     points = {(round(float(x), 2), round(float(y), 3)) for coll in ax.collections for x, y in coll.get_offsets()}
     assert (1 - 0.15, 0.38) in points  # the study's k = 4 runs, left of the tick
-    assert (3 + 0.15, 0.40) in points  # the controller's seed 4, right of it
+    assert (3.0, 0.40) in points  # the confirmation's controller, seed 4, on it
+    assert (1 + 0.15, 0.33) in points  # the new levels' k = 4 run, right of it
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "study, seeds 0-2", "confirmation, seeds 3-5", "new levels, seeds 6-8", "the run fell"]
     assert confirm.plot_confirmation(runs, [s for s in summaries if s.seed in (0, 1, 2)], tmp_path) is None
 
 

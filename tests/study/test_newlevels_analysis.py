@@ -4,6 +4,7 @@ prediction, the falls beside N4 and the cost's shape, on synthetic runs of seeds
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 from ragen_async.study.report import read_runs
@@ -56,6 +57,9 @@ def test_paired_differences_falls_and_shape_beside_the_verdicts(tmp_path, make_r
     # The shape on each task's three cells at lr 1e-4 (Sokoban: (0.43 - 0.45) / 1.8 per version to k = 2).
     assert "- SimpleSokoban at actor lr 1e-4 (9 runs): per version of mean age -0.0111 from k = 0 to k = 2" in text
     assert "- SmallCountdown at actor lr 1e-4 (9 runs): per version of mean age -0.0143 from k = 0 to k = 4" in text
+    # AICs to three decimals: the registered rule keeps the shape only if log(1 + age) has the lowest, and one
+    # decimal can print a tie where the two differ.
+    assert re.search(r"AIC [a-z0-9() +]+ -?\d+\.\d{3}, [a-z0-9() +]+ -?\d+\.\d{3}, [a-z0-9() +]+ -?\d+\.\d{3};", text)
 
 
 def test_a_cell_without_runs_leaves_its_pairs_empty_and_no_falls_line(tmp_path, make_run):
@@ -72,4 +76,6 @@ def test_the_script_writes_and_prints_its_section_for_the_runs_it_is_given(tmp_p
     written = (tmp_path / "out" / "newlevels.md").read_text()
     printed = capsys.readouterr().out
     assert "| N1 |" in written and written in printed
-    assert printed.rstrip().endswith(f"27 runs (0 warnings); {tmp_path / 'out' / 'newlevels.md'}")
+    figure = tmp_path / "out" / "newlevels.png"
+    assert printed.rstrip().endswith(f"27 runs (0 warnings); {tmp_path / 'out' / 'newlevels.md'}, {figure}")
+    assert figure.stat().st_size > 10_000
