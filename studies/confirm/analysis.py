@@ -289,11 +289,9 @@ def plot_confirmation(runs: Sequence[RunData], summaries: Sequence[RunSummary], 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args, runs, summaries, done = study_script(
-        argv, description="The confirmation's verdicts and what is reported beside them.", default_paths=DEFAULT_PATHS,
-        out=Path("report/confirm"), markdown="confirmation.md", section=section)
-    figure = plot_confirmation(runs, summaries, args.out)
-    print(done + (f", {figure}" if figure is not None else ""))
+    study_script(argv, description="The confirmation's verdicts and what is reported beside them.",
+                 default_paths=DEFAULT_PATHS, out=Path("report/confirm"), markdown="confirmation.md", section=section,
+                 figure=plot_confirmation)
 
 if __name__ == "__main__":
     main()

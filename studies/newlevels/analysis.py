@@ -113,11 +113,9 @@ def plot(runs: Sequence[RunData], summaries: Sequence[RunSummary], out: Path) ->
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args, runs, summaries, done = study_script(
-        argv, description="The new-level verdicts and what is reported beside them.", default_paths=DEFAULT_PATHS,
-        out=Path("report/newlevels"), markdown="newlevels.md", section=section)
-    figure = plot(runs, summaries, args.out)
-    print(done + (f", {figure}" if figure is not None else ""))
+    study_script(argv, description="The new-level verdicts and what is reported beside them.",
+                 default_paths=DEFAULT_PATHS, out=Path("report/newlevels"), markdown="newlevels.md", section=section,
+                 figure=plot)
 
 if __name__ == "__main__":
     main()

@@ -87,11 +87,11 @@ def read_runs(paths: Sequence[str | Path]) -> tuple[list[RunData], list[RunSumma
 
 
 def study_script(argv: Sequence[str] | None, *, description: str, default_paths: Sequence[Path], out: Path,
-                 markdown: str, section: Callable[[list[RunData], list[RunSummary]], list[str]]) -> tuple[
-                     argparse.Namespace, list[RunData], list[RunSummary], Path]:
+                 markdown: str, section: Callable[[list[RunData], list[RunSummary]], list[str]],
+                 figure: Callable[[list[RunData], list[RunSummary], Path], Path | None] | None = None) -> None:
     """A study's analysis script from the command line: the runs under the given paths (``default_paths`` when
-    none), ``section(runs, summaries)`` written to ``--out``/``markdown`` and printed; returns the arguments, the
-    runs, their summaries and a closing line (how many runs, their warnings, the file) for the script to print."""
+    none), ``section(runs, summaries)`` written to ``--out``/``markdown`` and printed, ``figure(runs, summaries,
+    out)`` drawn there if given; then a closing line (how many runs, their warnings, the files)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("paths", nargs="*", type=Path, help="runs or sweeps (default: the script's own)")
     parser.add_argument("--out", type=Path, default=out, help=f"where {markdown} (and any figure) goes")
@@ -101,7 +101,8 @@ def study_script(argv: Sequence[str] | None, *, description: str, default_paths:
     text = "\n".join(section(runs, summaries))
     (args.out / markdown).write_text(text)
     print(text)
-    return args, runs, summaries, f"{len(runs)} runs ({len(warnings)} warnings); {args.out / markdown}"
+    drawn = figure(runs, summaries, args.out) if figure is not None else None
+    print(f"{len(runs)} runs ({len(warnings)} warnings); {args.out / markdown}" + (f", {drawn}" if drawn else ""))
 
 
 def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: float = 0.9,
