@@ -388,7 +388,7 @@ def test_a_staleness_sweep_trains_for_real_on_ray_and_makes_room_for_a_run_that_
     """`ragen-async sweep` with the real orchestrator (no stand-in train): a bounded and a fixed-lag cell
     at k = 1 both finish, each run's provenance shows the staleness its cell asked for, and the second cell
     played on the first one's rollout actor (kept warm in the pool). Every run needs all 8 of the session's
-    CPUs (learner ranks of 3.5), and the third, with another seed, a new actor: the idle one of the runs before
+    CPUs (one learner rank of 7), and the third, with another seed, a new actor: the idle one of the runs before
     holds a CPU, and is ended to make room, where before the run waited for ever (the study's sweep did, at
     its first change of engine key). (Last in the module: it empties the pool.)"""
     import io
@@ -401,14 +401,15 @@ def test_a_staleness_sweep_trains_for_real_on_ray_and_makes_room_for_a_run_that_
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({
         "name": "t", "base": str(Path("configs/tiny/starpo_s_bandit.yaml").resolve()),
-        "overrides": {"runtime": "ray", "staleness.max_staleness": 1, "learner.cpus_per_rank": 3.5},
+        "overrides": {"runtime": "ray", "staleness.max_staleness": 1, "learner.cpus_per_rank": 7},
         "grid": {"seed": [0, 1], "staleness.fixed_lag": [False, True]},
         "exclude": [{"seed": 1, "staleness.fixed_lag": True}]}, sort_keys=False))
     # One engine per run: the sweep's part is running real runs in one process, one after the other.
     over = [o for o in ray_cfg_overrides(tiny_model_path, tmp_path)
-            if not o.startswith(("runtime=", "run_root=", "rollout.num_workers="))]
+            if not o.startswith(("runtime=", "run_root=", "rollout.num_workers=", "learner.num_ranks="))]
     reused, evicted = pool.reused, pool.evicted
-    sweep = run_sweep(spec, out=tmp_path / "sweep", overrides=[*over, "total_steps=3", "rollout.num_workers=1"],
+    sweep = run_sweep(spec, out=tmp_path / "sweep", overrides=[*over, "total_steps=3", "rollout.num_workers=1",
+                                                                       "learner.num_ranks=1"],
                       report=False, console=Console(file=io.StringIO()), pool=pool)
     assert pool.reused >= reused + 1  # the second run played on the first one's actor
     assert pool.evicted >= evicted + 1  # the third ended it to make room for its own

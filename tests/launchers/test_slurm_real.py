@@ -24,7 +24,7 @@ from slurm_cluster import SlurmCluster  # noqa: I001  (this folder, on sys.path 
 pytestmark = [pytest.mark.clusters_lane, pytest.mark.vllm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-TOTAL_STEPS = 12
+TOTAL_STEPS = 8
 
 
 @pytest.fixture(scope="module")
