@@ -120,26 +120,14 @@ class Cluster:
         return self.client().get_job_info(line.split()[1])
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    if not (MODEL / "config.json").is_file():
-        pytest.skip(f"{MODEL} is not built (`make model` / `ragen-async make-model` builds it)")
-    if not (BIN / "ray").is_file():
-        pytest.skip(f"no ray CLI next to {sys.executable}")
-    pytest.importorskip("ray.dashboard.modules.job.sdk", reason="needs ray[default] (the dashboard's Jobs API)")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # this process's JobSubmissionClient
-    temp_dir = tempfile.mkdtemp(prefix="ray_job_test_", dir="/tmp")  # short: Ray's socket paths live under it
-    gcs, dashboard, client, node_manager, object_manager, agent_grpc, agent_http, metrics, env_agent = free_ports(9)
-    # As an operator would start it: the venv activated (so the job's `python` is this one), token auth
-    # off explicitly, and no W&B mode or key of ours leaking into the jobs.
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "WANDB_MODE", "WANDB_API_KEY", "WANDB_RUN_GROUP",
-                        "WANDB_TAGS", "WANDB_PROJECT", "WANDB_ENTITY", "RAGEN_RUN_ROOT")}
-    env.update(PATH=f"{BIN}:{env.get('PATH', '')}", RAY_AUTH_MODE="disabled", WANDB_SILENT="true",
-               PYTHON=sys.executable, RAY=str(BIN / "ray"))
+def start_head(temp_dir: str, env: dict[str, str], attempt: int) -> tuple[int, str | None, list[int]]:
+    """`ray start --head` on free ports: its session (to stop what it started), None when it started or else its
+    output, and the ports (GCS and dashboard first)."""
+    ports = free_ports(9)
+    gcs, dashboard, client, node_manager, object_manager, agent_grpc, agent_http, metrics, env_agent = ports
     # Worker ports below the kernel's ephemeral range (Linux: 32768-60999), where free_ports' picks lie: a
     # worker range inside it met one of them once and `ray start` refused to run.
-    worker_base = 10000 + (os.getpid() % 200) * 100
+    worker_base = 10000 + ((os.getpid() + attempt) % 200) * 100
     start = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--num-cpus=4", "--object-store-memory=200000000",
          f"--temp-dir={temp_dir}", "--node-ip-address=127.0.0.1", f"--port={gcs}", "--dashboard-host=127.0.0.1",
@@ -149,10 +137,45 @@ def cluster():
          f"--runtime-env-agent-port={env_agent}", f"--min-worker-port={worker_base}",
          f"--max-worker-port={worker_base + 99}", "--disable-usage-stats"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    session = start.pid  # a session leader: every daemon it starts stays in its session
     try:
         out, _ = start.communicate(timeout=120)
-        assert start.returncode == 0, out
+    except subprocess.TimeoutExpired:
+        start.kill()
+        out = start.communicate()[0] + "\n(`ray start` did not return in 120 s)"
+    return start.pid, (None if start.returncode == 0 else out), ports  # start.pid: the session's leader
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if not (MODEL / "config.json").is_file():
+        pytest.skip(f"{MODEL} is not built (`make model` / `ragen-async make-model` builds it)")
+    if not (BIN / "ray").is_file():
+        pytest.skip(f"no ray CLI next to {sys.executable}")
+    pytest.importorskip("ray.dashboard.modules.job.sdk", reason="needs ray[default] (the dashboard's Jobs API)")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # this process's JobSubmissionClient
+    # As an operator would start it: the venv activated (so the job's `python` is this one), token auth
+    # off explicitly, and no W&B mode or key of ours leaking into the jobs.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "WANDB_MODE", "WANDB_API_KEY", "WANDB_RUN_GROUP",
+                        "WANDB_TAGS", "WANDB_PROJECT", "WANDB_ENTITY", "RAGEN_RUN_ROOT")}
+    env.update(PATH=f"{BIN}:{env.get('PATH', '')}", RAY_AUTH_MODE="disabled", WANDB_SILENT="true",
+               PYTHON=sys.executable, RAY=str(BIN / "ray"))
+    # The ports are free when picked, not reserved: a process of the other lane may bind one before the head
+    # does, and `ray start` then fails ("The current node timed out during startup"; seen once in CI). That
+    # start is torn down and the head started once more on new ports; a second failure fails the test.
+    for attempt in (1, 2):
+        temp_dir = tempfile.mkdtemp(prefix="ray_job_test_", dir="/tmp")  # short: Ray's socket paths live under it
+        session, out, ports = start_head(temp_dir, env, attempt)
+        if out is None:
+            break
+        try:
+            stop_cluster(session, temp_dir)
+        finally:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+        assert attempt == 1, out
+        print(f"`ray start --head` failed on ports {ports}; starting it again on new ports:\n{out[-2000:]}")
+    gcs, dashboard = ports[:2]
+    try:
         c = Cluster(f"http://127.0.0.1:{dashboard}", f"127.0.0.1:{gcs}", env)
         deadline = time.monotonic() + 60
         while True:  # the Jobs API answers a moment after `ray start` returns
