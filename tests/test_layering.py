@@ -65,3 +65,25 @@ def test_readme_layout_is_the_layers_contract():
     rows = [line for line in block.splitlines() if line.startswith("  ")]
     names = [{w.removesuffix(".py").removesuffix("/") for w in row.split() if w.endswith((".py", "/"))} for row in rows]
     assert names == _layers()
+
+
+def test_readme_where_to_change_what_names_real_code():
+    """Every ``file.py:Name[.attr]`` in README's "Where to change what" exists, and the section starts in the
+    README's first 80 lines (a newcomer finds it on the first screens)."""
+    import importlib
+    import re
+
+    readme = (PKG.parent / "README.md").read_text()
+    head, section = readme.split("## Where to change what", 1)
+    assert head.count("\n") < 80
+    section = section.split("\n## ", 1)[0]
+    refs = re.findall(r"`([\w/]+)\.py:([\w.]+)`", section)
+    assert len(refs) >= 15, refs
+    for path, name in refs:
+        module = importlib.import_module("ragen_async." + path.replace("/", "."))
+        obj = module
+        for part in name.split("."):
+            assert hasattr(obj, part), f"README's Where to change what: {path}.py has no {name}"
+            obj = getattr(obj, part)
+    for folder in re.findall(r"`([\w/]+/)`", section):
+        assert (PKG.parent / folder).is_dir() or (PKG / folder).is_dir(), folder
