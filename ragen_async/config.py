@@ -136,10 +136,23 @@ class AlgoConfig(_Strict):
     """StarPO-S filter by in-group raw-score std: ``std`` keeps the top groups, ``std_rev`` the bottom, ``none`` all."""
     filter_ratio: float = Field(0.25, gt=0, le=1)
     """StarPO-S: keep this fraction of groups, by in-group reward std."""
-    off_policy: Literal["none", "tis", "decoupled"] = "none"
-    """Correction for stale tokens, w = pi_old/mu: ``tis`` loss*min(w, is_cap); ``decoupled`` loss*w, 0 if w > is_cap."""
+    off_policy: Literal["none", "tis", "decoupled", "opsm", "geo_mask", "geo_tis", "age"] = "none"
+    """Correction of stale tokens against the engine's mu (docs/experiments.md, "Corrections of stale samples"):
+    ``tis``/``decoupled`` truncate/mask the token weight pi_old/mu at is_cap; ``opsm`` drops negative-advantage
+    tokens of trajectories whose mean log(mu/pi_old) exceeds opsm_delta; ``geo_mask``/``geo_tis`` mask/truncate
+    the geometric-mean trajectory ratio at geo_cap; ``age`` scales negative-advantage tokens by min(1, age_tau/age)."""
     is_cap: float = Field(2.0, gt=0)
-    """Weight cap of ``off_policy`` (truncates for ``tis``, masks for ``decoupled``); unused with ``none``."""
+    """Weight cap of ``tis`` (truncates) and ``decoupled`` (masks above it); unused by the other modes."""
+    opsm_delta: float = Field(0.005, ge=0)
+    """``opsm`` only: a trajectory's negative-advantage tokens are dropped from the loss when its mean per-token
+    log(mu/pi_old) exceeds this many nats (DeepSeek-V3.2's delta; TRL suggests 0.5 for its models)."""
+    geo_cap: float = Field(1.005, gt=1)
+    """``geo_mask``: trajectories whose geometric-mean ratio pi_old/mu leaves [1/geo_cap, geo_cap] are dropped;
+    ``geo_tis``: that ratio, the trajectory's weight, is truncated at geo_cap."""
+    age_tau: float = Field(2.0, gt=0)
+    """``age`` only: tokens more than age_tau versions old get weight age_tau/age, so age x step stays <= age_tau x step."""
+    age_negatives_only: bool = True
+    """``age`` only: scale just negative-advantage tokens (the stale samples that do the damage); False: every token."""
 
     @property
     def use_critic(self) -> bool:
@@ -291,12 +304,21 @@ class WeightSyncConfig(_Strict):
     """``auto`` = nccl on GPU, gloo on CPU; ``rpc`` ships tensors through the engine's RPC (tests)."""
     timeout_s: float = Field(120.0, gt=0)
     """Seconds a weight sync may take before it fails (the learner ranks' own group: ``learner.group_timeout_s``)."""
+    verify_first: bool = True
+    """At the first sync of a run (or of its resumption) check byte for byte that each engine computes with
+    exactly the tensors published (fixed lag: the older version); a difference stops the run. Needs
+    ``inference.tensor_parallel_size`` 1 (a tensor-parallel worker holds shards: refused at load)."""
     verify_every: int = Field(0, ge=0)
-    """At the first sync and every this many syncs, check byte for byte that each engine computes with exactly
-    the tensors published (fixed lag: the older version); a difference stops the run; 0 = never."""
+    """Also check byte for byte at every this many syncs (and at the first, as ``verify_first``); 0 = only
+    at the first sync if ``verify_first``, else never."""
     probe: bool = True
     """With ``verify_every``: every this many syncs also compare each engine's log-probs of a fixed sequence
     with the learner's (``weight_sync/probe_max_abs_diff``): a check of the forward, not only the weights."""
+
+    @property
+    def checks(self) -> bool:
+        """Whether any sync runs the byte-exact weight check."""
+        return self.verify_first or self.verify_every > 0
 
 
 class TransportConfig(_Strict):
@@ -406,6 +428,19 @@ class RunConfig(_Strict):
                              "rank 0 alone; use gloo or nccl")
         return self
 
+    @model_validator(mode="after")
+    def _checkable_sync_and_sampling(self) -> RunConfig:
+        """Weight-sync settings that cannot work (refused here, not at the first sync)."""
+        tp = self.inference.tensor_parallel_size
+        if tp > 1 and self.weight_sync.checks:
+            raise ValueError(
+                f"inference.tensor_parallel_size={tp} with the byte-exact weight check on (weight_sync.verify_first="
+                f"{self.weight_sync.verify_first}, weight_sync.verify_every={self.weight_sync.verify_every}): each of "
+                f"the {tp} tensor-parallel workers holds shards of the weights, and the check compares whole "
+                "tensors; set weight_sync.verify_first=false and weight_sync.verify_every=0, or "
+                "tensor_parallel_size=1")
+        return self
+
 
 class ConfigError(ValueError):
     """A config file or override that cannot be used; the message says which key and why."""
@@ -443,9 +478,10 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> Any:
     return OmegaConf.merge(merged, OmegaConf.create(loaded))
 
 
-SAVED_RUN_DEFAULTS = {"staleness": {"consume": "arrival"}}
+SAVED_RUN_DEFAULTS = {"staleness": {"consume": "arrival"}, "weight_sync": {"verify_first": False}}
 """What a run's saved ``config.yaml`` meant where it lacks a key whose default changed since: runs saved before
-``staleness.consume`` existed consumed in arrival order."""
+``staleness.consume`` existed consumed in arrival order; runs saved before ``weight_sync.verify_first`` existed
+checked the weights only with ``verify_every`` above 0 (which also checks the first sync)."""
 
 
 def saved_run_config(path: str | Path) -> dict[str, Any]:

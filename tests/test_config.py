@@ -79,9 +79,10 @@ def test_tensor_parallel_engines_need_a_gpu_per_worker():
     with pytest.raises(ConfigError, match=r"tensor_parallel_size=2 runs 2 engine workers, each on its own GPU, but "
                                           r"rollout\.gpus_per_worker=1 .* set rollout\.gpus_per_worker=2"):
         load_config(None, ["rollout.gpus_per_worker=1", "inference.tensor_parallel_size=2"])
-    load_config(None, ["rollout.gpus_per_worker=2", "inference.tensor_parallel_size=2"])
+    off = "weight_sync.verify_first=false"  # the byte-exact check refuses tensor-parallel engines
+    load_config(None, ["rollout.gpus_per_worker=2", "inference.tensor_parallel_size=2", off])
     load_config(None, ["rollout.gpus_per_worker=0.5"])  # one worker: a share of a GPU is enough
-    load_config(None, ["inference.tensor_parallel_size=2"])  # CPU engines: no GPUs to count
+    load_config(None, ["inference.tensor_parallel_size=2", off])  # CPU engines: no GPUs to count
 
 
 def test_runs_consume_in_order_by_default_and_a_run_saved_without_the_key_reads_as_arrival(tmp_path):
@@ -122,3 +123,27 @@ def test_the_adaptive_bounds_old_names_still_read_and_mean_the_same(tmp_path):
     assert load_saved_config(saved).staleness.adaptive_engage_staleness == 4
     with pytest.raises(ConfigError, match="adaptive_min"):
         load_config(None, [*base, "staleness.adaptive_min_staleness=1", "staleness.adaptive_min_k=2"])
+
+
+def test_the_weight_check_is_on_at_the_first_sync_and_tensor_parallel_engines_must_turn_it_off(tmp_path):
+    """Every config checks the weights byte for byte at the first sync; a tensor-parallel engine holds shards, so
+    with the check on it is refused at load, naming the keys (not at the first sync); runs saved before
+    ``weight_sync.verify_first`` existed read as they ran (no check with ``verify_every`` 0)."""
+    import yaml
+
+    from ragen_async.config import load_saved_config
+
+    for path in CONFIGS:
+        assert load_config(path).weight_sync.checks, path
+    with pytest.raises(ConfigError, match=r"inference\.tensor_parallel_size=2 with the byte-exact weight check on "
+                                          r"\(weight_sync\.verify_first=True, weight_sync\.verify_every=0\).*set "
+                                          r"weight_sync\.verify_first=false and weight_sync\.verify_every=0"):
+        load_config(None, ["inference.tensor_parallel_size=2"])
+    with pytest.raises(ConfigError, match=r"verify_first=False, weight_sync\.verify_every=5"):
+        load_config(None, ["inference.tensor_parallel_size=2", "weight_sync.verify_first=false",
+                           "weight_sync.verify_every=5"])
+    off = load_config(None, ["inference.tensor_parallel_size=2", "weight_sync.verify_first=false"])
+    assert not off.weight_sync.checks
+    saved = tmp_path / "config.yaml"
+    saved.write_text(yaml.safe_dump({"weight_sync": {"verify_every": 0}}))
+    assert not load_saved_config(saved).weight_sync.verify_first

@@ -37,6 +37,16 @@ class WeightSyncMismatch(WeightSyncError):
     """An engine computes with other values than the learner published for the version it reports."""
 
 
+def checks_due(syncs: int, *, verify_first: bool, verify_every: int, probe: bool) -> tuple[bool, bool]:
+    """``(byte-exact check, log-prob probe)``: which checks run after the ``syncs``-th sync of a run (1 = the
+    first), for ``weight_sync.verify_first``, ``verify_every`` and ``probe``. The check runs at the first sync
+    when either ``verify_first`` or ``verify_every`` asks for it, and at every ``verify_every``-th; the probe
+    only at every ``verify_every``-th (with ``probe``)."""
+    nth = bool(verify_every) and syncs % verify_every == 0
+    first = syncs == 1 and (verify_first or bool(verify_every))
+    return first or nth, nth and probe
+
+
 def tensor_digest(t: torch.Tensor) -> str:
     """A digest (BLAKE3, hex) of ``t``'s values: its bytes in row-major order (shape and dtype travel beside it)."""
     data = t.detach().to("cpu").contiguous().reshape(-1)
