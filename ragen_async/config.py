@@ -430,7 +430,7 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _checkable_sync_and_sampling(self) -> RunConfig:
-        """Weight-sync settings that cannot work (refused here, not at the first sync)."""
+        """Weight-sync and rollout settings that cannot work together (refused here, not at the first sync)."""
         tp = self.inference.tensor_parallel_size
         if tp > 1 and self.weight_sync.checks:
             raise ValueError(
@@ -439,6 +439,12 @@ class RunConfig(_Strict):
                 f"the {tp} tensor-parallel workers holds shards of the weights, and the check compares whole "
                 "tensors; set weight_sync.verify_first=false and weight_sync.verify_every=0, or "
                 "tensor_parallel_size=1")
+        if self.rollout.top_p < 1 and self.algo.off_policy != "none":
+            raise ValueError(
+                f"rollout.top_p={self.rollout.top_p:g} with algo.off_policy={self.algo.off_policy}: the engine's "
+                "log-probs (mu) are then those of the truncated nucleus distribution, not of the policy the learner "
+                "scores (pi_old), so the weight pi_old/mu would mix the truncation in with the staleness; set "
+                "rollout.top_p=1 or algo.off_policy=none")
         return self
 
 
