@@ -85,14 +85,19 @@ def reserve_port(address: str) -> socket.socket:
     return s
 
 
-def run_with_timeout(fn: Callable[[], Any], timeout_s: float, what: Callable[[], str]) -> Any:
+def run_with_timeout(fn: Callable[[], Any], timeout_s: float, what: Callable[[], str],
+                     device: torch.device | None = None) -> Any:
     """``fn()`` in a daemon thread; its result, its error re-raised, or :class:`WeightSyncTimeout` after
     ``timeout_s`` (the thread is left behind: it is blocked in a call that cannot be interrupted).
-    ``what()`` is read at the time of the error, so it can name the phase reached."""
+    ``what()`` is read at the time of the error, so it can name the phase reached. A CUDA ``device`` is made
+    the thread's current device first: CUDA's current device is per thread (a new one starts on device 0),
+    and vLLM's NCCL group and its buffers are made on the current device of the thread that calls it."""
     done = concurrent.futures.Future()
 
     def target() -> None:
         try:
+            if device is not None and device.type == "cuda":
+                torch.cuda.set_device(device)
             done.set_result(fn())
         except BaseException as err:  # noqa: BLE001 - handed to the waiting thread
             done.set_exception(err)
@@ -291,7 +296,7 @@ class NcclPublisher(WeightPublisher):
         try:
             self._engine = run_with_timeout(
                 lambda: WeightTransferTrainerFactory.trainer_init(info, client=self.client, source=self._source),
-                self.bound_s, self._where)
+                self.bound_s, self._where, device=self.device)
         except WeightSyncError as err:
             self._broken = str(err)
             raise
@@ -303,7 +308,7 @@ class NcclPublisher(WeightPublisher):
         self._source.named = [(n, t.detach().to(self.device).contiguous()) for n, t in named_tensors]
         self.client.version = int(version)
         try:
-            run_with_timeout(self._engine.send_weights, self.bound_s, self._where)
+            run_with_timeout(self._engine.send_weights, self.bound_s, self._where, device=self.device)
         except WeightSyncError as err:
             self._broken = str(err)
             raise
