@@ -1,7 +1,7 @@
 """``ragen-async``: the command-line entry point (train, audit, pack, eval, make-model, sweep, report, watch, config,
 bench).
 
-Its length (over the project's ~600 lines per module): one handler per command, and ``bench``'s nine
+Its length (over the project's ~600 lines per module): one handler per command, and ``bench``'s ten
 subcommands with their options; handlers parse and print, the work lives in the modules they call.
 """
 
@@ -661,6 +661,65 @@ def bench_rllib_cmd(
     if csv is not None:
         csv.parent.mkdir(parents=True, exist_ok=True)
         csv.write_text(f"# {invocation()}, {time.strftime('%Y-%m-%d %H:%M')}\n" + reference_csv(table))
+
+
+@bench_app.command("peer")
+def bench_peer_cmd(
+    env: Annotated[list[str] | None, typer.Option(help="bandit and/or sokoban (repeatable; default both)")] = None,
+    k: Annotated[list[str] | None, typer.Option(
+        "--max-staleness", "--k", help="our staleness bounds, inf = unbounded (repeatable; default 0, 2, inf)")] = None,
+    reuse: Annotated[list[int] | None, typer.Option(
+        help="TRL's steps_per_generation: optimizer steps per generation batch (repeatable; default 1, 3)")] = None,
+    seeds: Annotated[int, typer.Option(help="runs per arm (seeds 0 .. N-1)")] = 3,
+    steps: Annotated[int, typer.Option(help="optimizer steps per run")] = 30,
+    warmup: Annotated[int, typer.Option(help="steps excluded from the rates")] = 2,
+    val_episodes: Annotated[int, typer.Option(
+        help="validation levels per environment after the last step (0: no validation)")] = 128,
+    fixed_lag: Annotated[bool, typer.Option(help="our bounded k >= 1 as fixed lags (engines always at v - k)")] = False,
+    model: Annotated[str, typer.Option(help="the model both sides train")] = "artifacts/tiny-model",
+    out: Annotated[Path | None, typer.Option(help="append the tables to this markdown file")] = None,
+    csv: Annotated[Path | None, typer.Option(help="write every step of every run here (CSV)")] = None,
+) -> None:
+    """TRL's GRPOTrainer beside ours on the same model, environments, levels and algorithm surface
+    (ragen_async/bench/peer.py; needs the peer extra: pip install -e '.[peer]')."""
+    try:
+        import trl  # noqa: F401 - only to say how to install it
+    except ImportError as e:
+        _fail(f"bench peer needs TRL, an optional extra: pip install -e '.[peer]': {e}")
+    _setup_logging()
+    from ragen_async.bench.peer import bench_peer, cells, curve_comparison, format_cells, parse_env, step_frame
+
+    try:
+        envs = [parse_env(e) for e in env or ["bandit", "sokoban"]]
+        ks = [parse_k(x) for x in k] if k else [0, 2, None]
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
+    reuses = reuse or [1, 3]
+    if seeds < 1 or steps < 1 or warmup < 0 or warmup >= steps or min(reuses) < 1 or val_episodes < 0:
+        raise typer.BadParameter("--seeds, --steps and --reuse must be >= 1, 0 <= --warmup < --steps, "
+                                 "--val-episodes >= 0")
+
+    def progress(run) -> None:
+        s = run.summary(warmup)
+        print(f"{run.env} {run.side} {run.arm} seed={run.seed}: success {s['success']:.3f} val {s['val_success']:.3f}"
+              f", {s['episodes_per_s']:.1f} episodes/s, step {s['step_s']:.2f} s (gen {s['gen_s']:.2f}, train "
+              f"{s['train_s']:.2f}, sync {s['sync_s']:.3f}), start-up {s['startup_s']:.0f} s, age mean "
+              f"{s['age_mean']:.2f} max {s['age_max']:.0f}", flush=True)
+
+    runs = bench_peer(envs, ks, reuses, seeds, steps, model=model, val_episodes=val_episodes, fixed_lag=fixed_lag,
+                      on_run=progress)
+    curve, verdict = curve_comparison(runs, "bandit")
+    note = (f"both sides: {model}, GRPO (group mean/std), no critic, no KL, no std filter, clip 0.2/0.28, dual clip "
+            f"3 (TRL delta), token-mean (TRL bnpo), entropy bonus and learning rate of the environment's tiny config, "
+            f"one optimizer pass per step; TRL plays our environments through rollout_func with its own generation; "
+            f"rates over steps {warmup + 1}..{steps}; mean ± 95 % t-interval over seeds (none with one seed)")
+    tables = format_cells(cells(runs, warmup))
+    if curve:
+        tables += f"\n\nSuccess per step on Bandit (the episodes trained on):\n\n{curve}\n\n{verdict}"
+    _print_bench("Peer: TRL GRPOTrainer beside ours", note, tables, out)
+    if csv is not None:
+        csv.parent.mkdir(parents=True, exist_ok=True)
+        csv.write_text(f"# {invocation()}, {time.strftime('%Y-%m-%d %H:%M')}\n" + step_frame(runs).to_csv(index=False))
 
 
 @app.command()
