@@ -25,6 +25,13 @@ Every weight update therefore ends in :meth:`WeightSyncWorkerExtension._ragen_re
 paths (:meth:`~WeightSyncWorkerExtension._ragen_reload`) and vLLM's NCCL path alike (the NCCL receiver calls
 it after vLLM's ``finish_weight_update``).
 
+Captured CUDA graphs (GPU engines without ``enforce_eager``) read the addresses their tensors had at capture, so
+an update must copy into that storage: a tensor it reallocated would leave the graphs computing with the old
+memory, which no check that reads the weights eagerly (the byte-exact one included) would see. With graphs
+captured, the address and size of every parameter and buffer are therefore recorded before the first update
+(:meth:`WeightSyncWorkerExtension._ragen_record_ties`) and compared after each one, at its re-tie; any change
+stops the run with :class:`GraphAddressChanged`, naming the tensor and the version.
+
 Attribute names carry a ``_ragen`` prefix: vLLM refuses extensions whose names collide with the
 worker's (the CPU worker already has e.g. ``update_weights``).
 """
@@ -40,6 +47,39 @@ import torch
 from ragen_async.weight_sync.base import WeightSyncError
 from ragen_async.weight_sync.gloo import ReceiveBuffers, group_name, open_group, receive_weights
 from ragen_async.weight_sync.wire import dtype_from_name
+
+
+class GraphAddressChanged(WeightSyncError):
+    """A weight update moved or resized a tensor that captured CUDA graphs read."""
+
+
+def captures_graphs(vllm_config: Any) -> bool:
+    """Whether the engine of ``vllm_config`` replays captured CUDA graphs (not ``enforce_eager``, and a
+    ``compilation_config.cudagraph_mode`` other than ``NONE``)."""
+    if getattr(getattr(vllm_config, "model_config", None), "enforce_eager", True):
+        return False
+    mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
+    return mode is not None and getattr(mode, "name", str(mode)) != "NONE"
+
+
+def storage_map(model: torch.nn.Module) -> dict[str, list[int]]:
+    """``{name: [data_ptr, numel]}`` of every parameter and buffer of ``model``, tied ones under each name."""
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    return {name: [int(t.data_ptr()), int(t.numel())] for name, t in named}
+
+
+def moved_tensors(before: dict[str, list[int]], after: dict[str, list[int]]) -> list[str]:
+    """How ``after`` differs from ``before`` (:func:`storage_map`), one line per tensor (empty: no change)."""
+    lines = []
+    for name, (ptr, numel) in before.items():
+        if name not in after:
+            lines.append(f"{name}: gone")
+        elif after[name][0] != ptr:
+            lines.append(f"{name}: moved from address {ptr:#x} to {after[name][0]:#x}")
+        elif after[name][1] != numel:
+            lines.append(f"{name}: resized from {numel} to {after[name][1]} elements")
+    lines += [f"{name}: new" for name in after if name not in before]
+    return lines
 
 
 def _shared_parameters(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Module, str]]:
@@ -155,21 +195,41 @@ class WeightSyncWorkerExtension:
 
     _ragen_ties: list[tuple[torch.nn.Module, str, torch.nn.Module, str]] | None = None
     """The model's tied parameters as loaded, recorded before any update can loosen them."""
+    _ragen_addresses: dict[str, list[int]] | None = None
+    """With captured CUDA graphs: every parameter's and buffer's ``[data_ptr, numel]`` before the first update."""
 
     # ---- loading ----------------------------------------------------------------------------
     def _ragen_record_ties(self) -> int:
         """Record which parameters are tied (once: before the first update); returns how many. The engine
         calls it before its first update; the re-tie records them itself if nobody did."""
         if self._ragen_ties is None:
-            self._ragen_ties = _shared_parameters(self.model_runner.get_model())
+            model = self.model_runner.get_model()
+            self._ragen_ties = _shared_parameters(model)
+            if captures_graphs(self.vllm_config):  # the addresses the graphs were captured with
+                self._ragen_addresses = storage_map(model)
         return len(self._ragen_ties)
 
-    def _ragen_retie(self) -> int:
+    def _ragen_check_addresses(self, version: int | None) -> None:
+        """With captured CUDA graphs: raise :class:`GraphAddressChanged` if any parameter or buffer no longer
+        has the address and size it had before the first update."""
+        if self._ragen_addresses is None:
+            return
+        changed = moved_tensors(self._ragen_addresses, storage_map(self.model_runner.get_model()))
+        if changed:
+            more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
+            raise GraphAddressChanged(
+                f"the weight update to version {version if version is not None else '?'} changed "
+                f"{len(changed)} tensor(s) the captured CUDA graphs read: " + "; ".join(changed[:3]) + more
+                + ". The graphs would go on computing with the old memory; stopping (inference.enforce_eager=true "
+                "runs without graphs)")
+
+    def _ragen_retie(self, version: int | None = None) -> int:
         """After any weight update (a layerwise reload here, or vLLM's NCCL ``start_weight_update`` /
         ``update_weights`` / ``finish_weight_update``): make every tied parameter the same object as its
         source again and let its layer redo its post-load step (on CPU that rebuilds the GEMM handle, which
-        captured the weight), so the output head computes with the embedding just loaded. Returns the
-        number of tied parameters."""
+        captured the weight), so the output head computes with the embedding just loaded; then, with captured
+        CUDA graphs, check that no tensor moved (:meth:`_ragen_check_addresses`, naming ``version``). Returns
+        the number of tied parameters."""
         self._ragen_record_ties()
         assert self._ragen_ties is not None
         with torch.no_grad():
@@ -178,6 +238,7 @@ class WeightSyncWorkerExtension:
                 quant_method = getattr(module, "quant_method", None)
                 if quant_method is not None and hasattr(quant_method, "process_weights_after_loading"):
                     quant_method.process_weights_after_loading(module)
+        self._ragen_check_addresses(version)
         return len(self._ragen_ties)
 
     def _ragen_served(self) -> list:
@@ -195,7 +256,7 @@ class WeightSyncWorkerExtension:
         self._ragen_record_ties()
         with torch.no_grad():
             self.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
-        self._ragen_retie()
+        self._ragen_retie(version)
         return {"num_tensors": len(named), "reload_s": time.perf_counter() - t0,
                 "version": int(version)}
 
@@ -213,9 +274,7 @@ class WeightSyncWorkerExtension:
         read those addresses, so they stay valid only while weight updates leave every entry unchanged. On CPU
         the linear layers' ``weight`` is an empty placeholder (numel 0): their weights live in the GEMM handle
         vLLM packs at load time, which this cannot see."""
-        model = self.model_runner.get_model()
-        named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
-        return {name: [int(t.data_ptr()), int(t.numel())] for name, t in named}
+        return storage_map(self.model_runner.get_model())
 
     # ---- gloo broadcast group ---------------------------------------------------------------
     def init_weight_group(self, master_address: str, master_port: int, world_size: int, rank: int,

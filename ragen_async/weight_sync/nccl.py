@@ -361,7 +361,8 @@ class NcclReceiver(WeightReceiver):
             await engine.worker_rpc("finish_weight_update", what=f"finishing the update to version {version}")
             # vLLM's update loads a tied head's source (embed_tokens) but not the head's kernel: the same
             # re-tie as every other path (see ragen_async.inference.vllm_worker_ext)
-            await engine.worker_rpc(RETIE, what=f"re-tying the tied weights of version {version}")
+            await engine.worker_rpc(RETIE, kwargs={"version": version},
+                                    what=f"re-tying the tied weights of version {version}")
 
         async with engine.updating(version):
             try:

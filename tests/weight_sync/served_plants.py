@@ -21,7 +21,7 @@ class PlantedExtension(WeightSyncWorkerExtension):
             named = [(n, t) for n, t in named if n != mode.removeprefix("skip:")]
         return super()._ragen_reload(named, version)
 
-    def _ragen_retie(self):
+    def _ragen_retie(self, version=None):
         if type(self)._plant_mode == "no_retie":
             return 0
-        return super()._ragen_retie()
+        return super()._ragen_retie(version)
