@@ -12,12 +12,13 @@ moved: rounding that swallows updates shows as a share far below 1) and the FLOP
 
     MFU = model FLOPs per step / step time / peak,    HFU = (model + recompute FLOPs) / step time / peak,
 
-FLOPs counted as torchtitan and verl count them over every forward and backward of the step
-(:mod:`ragen_async.bench.flops`: 6·N per token without the embedding, the attention term, the head at the
-scored positions; activation checkpointing's and the chunked head's recompute counted apart). Two peaks:
-the device's dense spec peak in the compute dtype (:func:`~ragen_async.bench.flops.spec_peak_flops`: H100,
-H200, A100; n/a on a CPU or another GPU) and, beside it, the rate of a large matmul in the compute dtype
-timed in the same run (:func:`matmul_peak`: 8192³ on a GPU, 1024³ on a CPU).
+FLOPs counted by torchtitan's formula over every pass of the step, as a training run counts them for its
+``learner/mfu`` (:mod:`ragen_async.learner.flops`, through :mod:`ragen_async.bench.flops`: 6·N per token with N
+every parameter but the embedding, plus the attention term; activation checkpointing's recompute counted
+apart). Two peaks: the device's dense datasheet peak in the compute dtype, named in the row
+(:func:`~ragen_async.learner.flops.device_peak`: H100, H200, A100; none on a CPU or another GPU: "no peak: MFU
+not computed") and, beside it, the rate of a large matmul in the compute dtype timed in the same run
+(:func:`matmul_peak`: 8192³ on a GPU, 1024³ on a CPU).
 
 The model is a Qwen2.5-0.5B-shaped one with random weights (``--shape qwen0.5b``; 0.49 B parameters,
 written once in bf16 to a temporary directory) or the tiny model (``--shape tiny``: the CPU dry run of
@@ -35,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ragen_async.bench.components import PAPER, GroupShape, synthetic_group
-from ragen_async.bench.flops import StepPlan, dims_of, learner_step_flops, spec_peak_flops
+from ragen_async.bench.flops import NO_PEAK, StepPlan, device_peak, dims_of, learner_step_flops
 from ragen_async.config import load_config
 
 QWEN_0_5B = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
@@ -66,11 +67,13 @@ class LearnerRow:
     """Model FLOPs per step (``flops.learner_step_flops``), in TFLOP."""
     recompute_tflop: float
     spec_peak_tflops: float | None
-    """The device's dense spec peak in the compute dtype; None (n/a) on a CPU or a GPU not in the table."""
+    """The device's dense datasheet peak in the compute dtype; None on a CPU or a GPU not in the table."""
+    peak: str
+    """The peak MFU divides by, named with its source (``learner.flops.Peak``), or "no peak: MFU not computed"."""
     matmul_tflops: float
     """A large matmul's rate in the compute dtype, timed in this run."""
     mfu: float | None
-    """Model FLOPs / step time / spec peak; None where there is no spec peak."""
+    """Model FLOPs / step time / datasheet peak; None where there is no peak."""
     hfu: float | None
     mfu_vs_matmul: float
     moved_frac: float
@@ -105,26 +108,14 @@ def make_shard(shape: GroupShape, trajectories: int, vocab: int, cfg):
 def step_plan(learner, shard) -> StepPlan:
     """What ``learner.train_step(shard)`` runs (as ``Learner.train_step`` plans it; a test checks this against
     the passes the learner's models actually see)."""
-    import numpy as np
-
-    from ragen_async.learner.batch import collate_shard, split_even
+    from ragen_async.learner.batch import collate_shard
 
     lc = learner.cfg.learner
     batch = collate_shard(shard, learner.pad_id, "cpu")
     n_mini = max(1, round(shard.batch_num_seqs / lc.mini_batch_size))
-    scored = batch.trained.copy()
-    scored[:, 0] = False  # token 0 has no prefix: never scored (Learner._policy_forward)
-    chunk, recomputed = lc.logits_chunk_tokens, 0
-    if chunk is not None:  # the chunked head recomputes a micro-batch's logits in backward above one chunk
-        for mini in split_even(batch.size, n_mini):
-            rows = np.arange(batch.size)[mini]
-            for micro in learner._micro_rows(batch.select(mini)):
-                n = int(scored[rows[micro]].sum())
-                recomputed += n if n > chunk else 0
-    return StepPlan(lengths=tuple(int(n) for n in batch.lengths), scored=int(scored.sum()), epochs=lc.epochs,
+    return StepPlan(lengths=tuple(int(n) for n in batch.lengths), epochs=lc.epochs,
                     actor_old_logprobs=not (lc.epochs == 1 and n_mini == 1), critic=learner.critic is not None,
-                    reference=learner.ref is not None, checkpointing=learner.cfg.model.gradient_checkpointing,
-                    head_recomputed=recomputed)
+                    reference=learner.ref is not None, checkpointing=learner.cfg.model.gradient_checkpointing)
 
 
 def matmul_peak(device: str, dtype, n: int | None = None, repeats: int | None = None) -> float:
@@ -163,7 +154,7 @@ def _failed_row(shape, device, device_name, dtype, ckpt, trajectories, error: st
     return LearnerRow(shape=shape, device=device, device_name=device_name, dtype=dtype, compute_dtype="?",
                       checkpointing=ckpt, parameters=0, trajectories=trajectories, tokens_per_step=0,
                       trained_tokens_per_step=0, step_s=nan, tokens_per_s=nan, peak_memory_gib=nan, model_tflop=nan,
-                      recompute_tflop=nan, spec_peak_tflops=None, matmul_tflops=nan, mfu=None, hfu=None,
+                      recompute_tflop=nan, spec_peak_tflops=None, peak=NO_PEAK, matmul_tflops=nan, mfu=None, hfu=None,
                       mfu_vs_matmul=nan, moved_frac=nan, update_vs_fp32=nan, error=error)
 
 
@@ -250,15 +241,16 @@ def _measure(learner, cfg, shape, device, device_name, dtype, ckpt, trajectories
     if compute not in matmul:  # measured after the setting's steps, with its memory still held
         matmul[compute] = matmul_peak(device, compute)
     name = str(compute).removeprefix("torch.")
-    spec = spec_peak_flops(device_name if on_gpu else None, name,
-                           tf32=on_gpu and torch.backends.cuda.matmul.allow_tf32)
+    peak = device_peak(device_name if on_gpu else None, name, tf32=on_gpu and torch.backends.cuda.matmul.allow_tf32)
+    spec = None if peak is None else peak.flops
     tokens = sum(plan.lengths)
     return LearnerRow(
         shape=shape, device=device, device_name=device_name, dtype=dtype, compute_dtype=name, checkpointing=ckpt,
         parameters=n_params, trajectories=trajectories, tokens_per_step=tokens, trained_tokens_per_step=trained,
         step_s=step_s, tokens_per_s=tokens / step_s, peak_memory_gib=peak_memory,
         model_tflop=flops.model / 1e12, recompute_tflop=flops.recompute / 1e12,
-        spec_peak_tflops=None if spec is None else spec / 1e12, matmul_tflops=matmul[compute] / 1e12,
+        spec_peak_tflops=None if spec is None else spec / 1e12, peak=NO_PEAK if peak is None else str(peak),
+        matmul_tflops=matmul[compute] / 1e12,
         mfu=None if spec is None else flops.model / step_s / spec,
         hfu=None if spec is None else flops.hardware / step_s / spec,
         mfu_vs_matmul=flops.model / step_s / matmul[compute], moved_frac=moved, update_vs_fp32=versus)
@@ -270,8 +262,8 @@ def _pct(x: float | None) -> str:
 
 def format_table(rows: list[LearnerRow]) -> str:
     lines = ["| shape | device | model.dtype (compute) | activation checkpointing | parameters | tokens/step (trained) | "
-             "step (s) | tokens/s | peak memory (GiB) | TFLOP/step: model + recompute | MFU (spec peak) | "
-             "HFU (spec peak) | MFU (matmul peak) | weights moved by step 1 | update vs float32 |",
+             "step (s) | tokens/s | peak memory (GiB) | TFLOP/step: model + recompute | MFU (datasheet peak) | "
+             "HFU (datasheet peak) | MFU (matmul peak) | weights moved by step 1 | update vs float32 |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.error is not None:
@@ -280,7 +272,7 @@ def format_table(rows: list[LearnerRow]) -> str:
             continue
         mem = "—" if math.isnan(r.peak_memory_gib) else f"{r.peak_memory_gib:.1f}"
         versus = "—" if math.isnan(r.update_vs_fp32) else f"{r.update_vs_fp32:.3f}"
-        spec = "n/a" if r.spec_peak_tflops is None else f"{_pct(r.mfu)} of {r.spec_peak_tflops:g}"
+        spec = r.peak if r.spec_peak_tflops is None else f"{_pct(r.mfu)} of {r.spec_peak_tflops:g}"
         lines.append(f"| {r.shape} | {r.device_name} | {r.dtype} ({r.compute_dtype}) | {'on' if r.checkpointing else 'off'} | "
                      f"{r.parameters / 1e6:.1f} M | {r.tokens_per_step} ({r.trained_tokens_per_step}) | {r.step_s:.3f} | "
                      f"{r.tokens_per_s:,.0f} | {mem} | {r.model_tflop:.4g} + {r.recompute_tflop:.4g} | "
@@ -310,8 +302,8 @@ def mfu_verdict(rows: list[dict]) -> tuple[bool, str]:
         if r.get("error"):
             parts.append(f"{_setting(r)}: {r['error']}")
             continue
-        spec = ("n/a (no spec peak for this device)" if r["mfu"] is None else
-                f"{100 * r['mfu']:.1f} % of the {r['spec_peak_tflops']:g} TFLOP/s spec peak (HFU {100 * r['hfu']:.1f} %)")
+        spec = (f"n/a ({r['peak']})" if r["mfu"] is None else
+                f"{100 * r['mfu']:.1f} % of the peak, {r['peak']} (HFU {100 * r['hfu']:.1f} %)")
         parts.append(f"{_setting(r)} ({r['compute_dtype']} compute): MFU {spec}, {100 * r['mfu_vs_matmul']:.1f} % "
                      f"of the {r['matmul_tflops']:.4g} TFLOP/s timed matmul")
     measured = {r["dtype"] for r in rows if not r.get("error")}

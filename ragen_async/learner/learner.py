@@ -43,6 +43,7 @@ from ragen_async import algo
 from ragen_async.config import RunConfig
 from ragen_async.learner import checkpoint, parallel, precision
 from ragen_async.learner.batch import TokenBatch, collate_shard, pack_rows, split_even
+from ragen_async.learner.flops import StepMeter
 from ragen_async.protocol import BatchShard
 from ragen_async.weight_sync.wire import flat_layout
 
@@ -213,6 +214,8 @@ class Learner:
         self.skipped_steps = 0
         self._probe_model: nn.Module | None = None
         """An unsharded copy of the actor for probing older weights (fixed lag); built on first use."""
+        self.flops = StepMeter(self)
+        """This rank's model FLOPs per step and MFU (``learner/flops.py``: torchtitan's count, a named peak)."""
 
     def _record_compute_bits(self, _module: nn.Module, _inputs: Any, output: torch.Tensor) -> None:
         self.compute_bits = float(output.dtype.itemsize * 8)
@@ -404,6 +407,7 @@ class Learner:
         metrics["learner/optimizer_steps"] = float(n_steps)
         metrics["learner/compute_bits"] = self.compute_bits
         metrics["learner/num_tokens"] = float(batch.num_trained)
+        metrics.update(self.flops.metrics(batch.lengths, old_logprobs=not single_pass, seconds=time.perf_counter() - t0))
         self.policy_version += 1
         return TrainResult(self.policy_version, metrics)
 

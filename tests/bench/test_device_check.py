@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ragen_async.bench import device_verdicts
+from ragen_async.bench.flops import NO_PEAK, device_peak
 from ragen_async.bench.learns import TARGET_P, Curve, LearnsResult, bench_learns, result_from_json, result_json, verdict
 
 pytestmark = pytest.mark.clusters_lane
@@ -54,7 +55,8 @@ def test_the_device_check_dry_run_answers_what_a_cpu_can_and_skips_the_rest(tmp_
     assert (fp32["dtype"], bf16["dtype"]) == ("float32", "bfloat16") and fp32["update_vs_fp32"] == 0.0
     for row in (fp32, bf16):
         assert row["shape"] == "tiny" and row["device_name"] == "cpu" and row["checkpointing"] is False
-        assert row["mfu"] is None and row["spec_peak_tflops"] is None and "n/a" in verdict_lines[2]
+        assert row["mfu"] is None and row["spec_peak_tflops"] is None and row["peak"] == NO_PEAK
+        assert f"n/a ({NO_PEAK})" in verdict_lines[2]
         assert row["model_tflop"] > 0 and row["matmul_tflops"] > 0 and 0 < row["mfu_vs_matmul"] < 1
         assert row["tokens_per_step"] > row["trained_tokens_per_step"] > 1000
         assert row["moved_frac"] > 0.99  # at lr 1e-6 (the paper config's): fp32 masters keep every update
@@ -134,6 +136,7 @@ def _row(dtype, ckpt, error=None, mfu=0.25, moved=1.0, gap=0.1):
     return {"dtype": dtype, "checkpointing": ckpt, "compute_dtype": dtype, "device_name": "NVIDIA H100 80GB HBM3",
             "error": error, "mfu": None if error else mfu, "hfu": None if error else mfu * 1.15,
             "spec_peak_tflops": None if error else (989.4 if dtype == "bfloat16" else 67.0),
+            "peak": NO_PEAK if error else str(device_peak("NVIDIA H100 80GB HBM3", dtype)),
             "mfu_vs_matmul": None if error else mfu * 1.2, "matmul_tflops": None if error else 800.0,
             "moved_frac": None if error else moved, "update_vs_fp32": None if error else gap}
 
@@ -145,7 +148,8 @@ def test_the_mfu_and_first_update_verdicts_take_a_setting_out_of_memory():
             _row("bfloat16", False, gap=None), _row("bfloat16", True)]
     ok, line = mfu_verdict(rows)
     assert ok and line.startswith("VERDICT mfu: measured on NVIDIA H100 80GB HBM3 (float32, checkpointing off: out of")
-    assert "bfloat16, checkpointing on (bfloat16 compute): MFU 25.0 % of the 989.4 TFLOP/s spec peak (HFU 28.7 %)" in line
+    assert ("bfloat16, checkpointing on (bfloat16 compute): MFU 25.0 % of the peak, H100 SXM bfloat16 dense 989.4 "
+            "TFLOP/s (NVIDIA H100 Tensor Core GPU datasheet") in line and "(HFU 28.7 %)" in line
     ok, line = first_update_verdict(rows)
     assert ok and "bfloat16, checkpointing off: no float32 update to compare with" in line
     # a dtype measured nowhere, or an update rounding swallowed, fails

@@ -1,5 +1,7 @@
-"""The learner benchmark's FLOP count (ragen_async/bench/flops.py) on a worked example counted here by hand,
-its plan of a step checked against the passes the real learner runs, and the peaks it divides by."""
+"""The FLOP count of training runs and of the learner benchmark (ragen_async/learner/flops.py, through
+ragen_async/bench/flops.py) held to torchtitan's and verl's published formulas on a worked example counted here by
+hand (Qwen2.5-0.5B), its plan of a step checked against the passes the real learner runs, the peaks it divides
+by, and the learner's own MFU metrics."""
 
 from __future__ import annotations
 
@@ -8,13 +10,15 @@ import torch
 
 from ragen_async.bench.components import PAPER, GroupShape
 from ragen_async.bench.flops import (
+    NO_PEAK,
     ModelDims,
     StepPlan,
+    device_peak,
     dims_of,
     flops_per_token,
-    forward_flops,
     learner_step_flops,
-    spec_peak_flops,
+    tokens_per_s_per_gpu,
+    train_flops,
 )
 from ragen_async.bench.learner import PAPER_CONFIG, QWEN_0_5B, make_shard, step_plan
 from ragen_async.config import load_config
@@ -42,58 +46,81 @@ def test_dims_of_a_qwen_0_5b_shaped_actor_and_critic_match_the_hand_count():
     with torch.device("meta"):  # shapes only, no memory
         actor = AutoModelForCausalLM.from_config(Qwen2Config(**QWEN_0_5B))
         critic = AutoModelForTokenClassification.from_config(Qwen2Config(**QWEN_0_5B, num_labels=1))
-    assert dims_of(actor) == ModelDims(params=N_ACTOR, layers=LAYERS, heads=HEADS, head_dim=HD, vocab_head=EMBEDDING)
-    assert dims_of(critic) == ModelDims(params=N_CRITIC, layers=LAYERS, heads=HEADS, head_dim=HD, vocab_head=0)
+    assert dims_of(actor) == ModelDims(params=N_ACTOR, layers=LAYERS, heads=HEADS, head_dim=HD)
+    assert dims_of(critic) == ModelDims(params=N_CRITIC, layers=LAYERS, heads=HEADS, head_dim=HD)
 
 
-def test_an_untied_head_leaves_n_and_is_counted_as_the_head():
+def test_an_untied_head_is_in_n():
+    """torchtitan subtracts the embedding only: an untied output head is a parameter like any other."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     with torch.device("meta"):
         untied = AutoModelForCausalLM.from_config(Qwen2Config(**{**QWEN_0_5B, "tie_word_embeddings": False}))
     assert sum(p.numel() for p in untied.parameters()) == N_ACTOR + 2 * EMBEDDING
-    assert dims_of(untied) == ModelDims(params=N_ACTOR, layers=LAYERS, heads=HEADS, head_dim=HD, vocab_head=EMBEDDING)
+    assert dims_of(untied) == ModelDims(params=N_ACTOR + EMBEDDING, layers=LAYERS, heads=HEADS, head_dim=HD)
 
 
-ACTOR = ModelDims(params=N_ACTOR, layers=LAYERS, heads=HEADS, head_dim=HD, vocab_head=EMBEDDING)
+ACTOR = ModelDims(params=N_ACTOR, layers=LAYERS, heads=HEADS, head_dim=HD)
 CRITIC = ModelDims(params=N_CRITIC, layers=LAYERS, heads=HEADS, head_dim=HD)
 
+# The published formulas, worked here by hand for Qwen2.5-0.5B and sequences of 4,000 tokens:
+# torchtitan (get_num_flop_per_token): 6 * (parameters less the embedding) + 12 * l * h * q * t per token.
+TORCHTITAN_PER_TOKEN = 6 * 357_898_112 + 12 * 24 * 14 * 64 * 4000
+# verl (flops_counter.py, _estimate_qwen2_flops): dense N = (MLP 3 * d * ffn + attention d * (q + k + v + o))
+# per layer, plus embedding and head 2 * V * d; 6 * dense N per token plus 12 * L^2 * head_dim * heads * layers
+# per sequence, i.e. 12 * L * head_dim * heads * layers per token.
+VERL_DENSE_N = (3 * 896 * 4864 + 896 * (14 * 64 + 2 * 64 + 2 * 64 + 14 * 64)) * 24 + 2 * 151_936 * 896
+VERL_PER_TOKEN = 6 * VERL_DENSE_N + 12 * 4000 * 64 * 14 * 24
 
-def test_torchtitans_per_token_form():
-    # 6 N + 12 l h q t (torchtitan), plus the head's 6 d V on the scored half of the tokens
-    assert flops_per_token(ACTOR, 4000, scored_share=0.5) == 6 * 357_898_112 + 12 * 24 * 14 * 64 * 4000 \
-        + 6 * 896 * 151_936 * 0.5 == 3_587_984_640
+
+def test_the_worked_example_is_torchtitans_count_and_differs_from_verls_only_in_n():
+    assert TORCHTITAN_PER_TOKEN == 3_179_580_672 and VERL_DENSE_N == 630_095_872
+    assert VERL_PER_TOKEN == 4_812_767_232
+    assert flops_per_token(ACTOR, 4000) == TORCHTITAN_PER_TOKEN
+    lengths = [4000] * 8
+    assert train_flops(ACTOR, lengths) == 32_000 * TORCHTITAN_PER_TOKEN
+    # The attention terms agree; N differs by verl's embedding + head (every token, tied or not) less the biases
+    # and norms it leaves out: 630.1 M against 357.9 M, so our count is 0.661 of verl's at this length.
+    biases_and_norms = N_ACTOR - (VERL_DENSE_N - 2 * EMBEDDING)
+    assert biases_and_norms == 24 * (14 * 64 + 2 * 2 * 64 + 2 * 896) + 896 == 71_552
+    assert 32_000 * VERL_PER_TOKEN - train_flops(ACTOR, lengths) == 6 * 32_000 * (VERL_DENSE_N - N_ACTOR)
+    assert train_flops(ACTOR, lengths) / (32_000 * VERL_PER_TOKEN) == pytest.approx(0.6607, abs=1e-4)
+
+
+def test_tokens_per_s_per_gpu_is_verls_throughput():
+    # verl's perf/throughput: every token of the batch (prompt + response) / (step time * GPUs)
+    assert tokens_per_s_per_gpu(32_000, 4.0, 2) == 32_000 / (4.0 * 2) == 4000.0
 
 
 def test_the_worked_example_a_paper_step_at_the_0_5b_shape():
-    """docs/benchmarks.md's example: one rank's share of a paper step, 8 trajectories of 4,000 tokens with
-    2,000 sampled each, the paper config (critic, one update per step), activation checkpointing on."""
-    lengths, scored = [4000] * 8, 8 * 2000
-    attention = 4 * 24 * 14 * 64 * 8 * 4000**2               # QK^T and AV over the whole square, per forward
-    actor_forward = 2 * N_ACTOR * 32_000 + attention + 2 * EMBEDDING * scored
-    critic_forward = 2 * N_CRITIC * 32_000 + attention
-    assert forward_flops(ACTOR, lengths, scored) == actor_forward == 38_271_836_160_000
-    assert forward_flops(CRITIC, lengths) == critic_forward == 33_915_584_576_000
+    """docs/benchmarks.md's example: one rank's share of a paper step, 8 trajectories of 4,000 tokens, the paper
+    config (critic, one update per step), activation checkpointing on."""
+    lengths = [4000] * 8
+    attention = 12 * 24 * 14 * 64 * 8 * 4000**2               # fwd + bwd over the whole square
+    actor_train = 6 * N_ACTOR * 32_000 + attention
+    critic_train = 6 * N_CRITIC * 32_000 + attention
+    assert train_flops(ACTOR, lengths) == actor_train == 101_746_581_504_000
+    assert train_flops(CRITIC, lengths) == critic_train == 101_746_753_728_000
 
-    plan = StepPlan(lengths=tuple(lengths), scored=scored, epochs=1, actor_old_logprobs=False, critic=True,
-                    checkpointing=True, head_recomputed=scored)
+    plan = StepPlan(lengths=tuple(lengths), epochs=1, actor_old_logprobs=False, critic=True, checkpointing=True)
     flops = learner_step_flops(ACTOR, CRITIC, plan)
-    # actor forward + backward; critic: a no-grad forward for the old values, then forward + backward
-    assert flops.model == 3 * actor_forward + 4 * critic_forward == 250_477_846_784_000
-    # checkpointing: the layers' forward again (no head); the chunked head: its logits again
-    assert flops.recompute == (2 * N_ACTOR * 32_000 + attention) + 2 * EMBEDDING * scored == 38_271_836_160_000
+    # actor forward + backward; critic: a no-grad forward for the old values (a third), then forward + backward
+    assert flops.model == actor_train + critic_train + critic_train / 3 == pytest.approx(237_408_919_808_000)
+    assert flops.recompute == actor_train / 3  # checkpointing: the actor's forward again
     assert flops.hardware == flops.model + flops.recompute
-    # 250.5 TFLOP in a 1 s step on an H100 SXM: 25.3 % MFU
-    assert flops.model / 1.0 / spec_peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == pytest.approx(0.2532, abs=1e-4)
+    # 237.4 TFLOP in a 1 s step on an H100 SXM (bf16 dense 989.4 TFLOP/s): 24.0 % MFU
+    peak = device_peak("NVIDIA H100 80GB HBM3", "bfloat16")
+    assert flops.model / 1.0 / peak.flops == pytest.approx(0.2400, abs=1e-4)
+    assert str(peak).startswith("H100 SXM bfloat16 dense 989.4 TFLOP/s (NVIDIA H100 Tensor Core GPU datasheet")
 
 
 def test_a_step_with_two_epochs_old_log_probs_and_a_reference_counts_each_pass():
-    plan = StepPlan(lengths=(10, 20), scored=7, epochs=2, actor_old_logprobs=True, critic=False, reference=True)
-    f = 2 * N_ACTOR * 30 + 4 * 24 * 14 * 64 * (100 + 400) + 2 * EMBEDDING * 7
+    plan = StepPlan(lengths=(10, 20), epochs=2, actor_old_logprobs=True, critic=False, reference=True)
+    f = 2 * N_ACTOR * 30 + 4 * 24 * 14 * 64 * (100 + 400)     # one forward
     flops = learner_step_flops(ACTOR, None, plan)
     assert flops.model == 2 * 3 * f + f + f and flops.recompute == 0
     with pytest.raises(ValueError, match="critic"):
-        learner_step_flops(ACTOR, None, StepPlan(lengths=(10,), scored=1, critic=True))
+        learner_step_flops(ACTOR, None, StepPlan(lengths=(10,), critic=True))
 
 
 def _learner(model_path, *overrides):
@@ -106,18 +133,17 @@ def _learner(model_path, *overrides):
 
 def test_the_plan_of_a_paper_step(tiny_model_path):
     """The paper config on one rank's share (8 trajectories < mini_batch_size 32): one update, so no separate old
-    log-prob pass; micro-batches of 4 rows score 8,000 positions each, over the 512-position chunk."""
+    log-prob pass."""
     cfg, learner = _learner(tiny_model_path, "model.gradient_checkpointing=true")
     shard = make_shard(PAPER, 8, learner.actor.config.vocab_size, cfg)
-    assert step_plan(learner, shard) == StepPlan(lengths=(4000,) * 8, scored=16_000, epochs=1,
-                                                 actor_old_logprobs=False, critic=True, reference=False,
-                                                 checkpointing=True, head_recomputed=16_000)
+    assert step_plan(learner, shard) == StepPlan(lengths=(4000,) * 8, epochs=1, actor_old_logprobs=False,
+                                                 critic=True, reference=False, checkpointing=True)
 
 
 class _Passes:
-    """Tokens into each model's body (with and without grad) and its first decoder layer (recompute included),
-    and positions into the actor's vocabulary head (the chunked head's recompute included). Pre-hooks: a
-    checkpointed recompute stops once it has what backward needs, before a module's forward hooks would run."""
+    """Tokens into each model's body (with and without grad) and its first decoder layer (recompute included).
+    Pre-hooks: a checkpointed recompute stops once it has what backward needs, before a module's forward hooks
+    would run."""
 
     def __init__(self, learner):
         self.rows: dict[str, int] = {}
@@ -125,14 +151,12 @@ class _Passes:
             if model is not None:
                 model.base_model.register_forward_pre_hook(self._count(f"{name}_body", split=True), with_kwargs=True)
                 model.base_model.layers[0].register_forward_pre_hook(self._count(f"{name}_layer0"), with_kwargs=True)
-        learner.actor.get_output_embeddings().register_forward_pre_hook(self._count("actor_head"), with_kwargs=True)
 
     def _count(self, key: str, split: bool = False):
         def hook(module, args, kwargs):
             x = args[0] if args else next(kwargs[k] for k in ("input_ids", "hidden_states", "input") if k in kwargs)
             k = f"{key}_{'grad' if torch.is_grad_enabled() else 'nograd'}" if split else key
-            # ids [B, T] and hidden states [B, T, H]: tokens; the head's input [positions, H]: positions
-            self.rows[k] = self.rows.get(k, 0) + (x.shape[0] if key == "actor_head" else x.shape[0] * x.shape[1])
+            self.rows[k] = self.rows.get(k, 0) + x.shape[0] * x.shape[1]  # ids [B, T], hidden states [B, T, H]
         return hook
 
 
@@ -158,13 +182,9 @@ def test_the_plan_counts_the_passes_the_learner_runs(tiny_model_path, overrides)
     assert rows.get("critic_body_grad", 0) == tokens * plan.epochs * plan.critic
     assert rows.get("critic_body_nograd", 0) == tokens * plan.critic
     assert rows.get("ref_body_nograd", 0) == tokens * plan.reference
-    assert rows.get("actor_head", 0) == plan.scored * (plan.actor_old_logprobs + plan.epochs) \
-        + plan.head_recomputed * plan.epochs
-    # what each case is for: the first recomputes (layers and head), the second has the extra passes
-    if plan.checkpointing:
-        assert plan.head_recomputed == 2 * 3 * 10 and plan.scored == 8 * 10
-    else:
-        assert plan.actor_old_logprobs and plan.reference and plan.epochs == 2 and plan.head_recomputed == 0
+    # what each case is for: the first recomputes, the second has the extra passes
+    if not plan.checkpointing:
+        assert plan.actor_old_logprobs and plan.reference and plan.epochs == 2
 
 
 @pytest.mark.parametrize("name, dtype, tf32, tflops", [
@@ -179,6 +199,32 @@ def test_the_plan_counts_the_passes_the_learner_runs(tiny_model_path, overrides)
     ("NVIDIA GeForce RTX 4090", "bfloat16", False, None),
     (None, "bfloat16", False, None),
 ])
-def test_spec_peaks(name, dtype, tf32, tflops):
-    peak = spec_peak_flops(name, dtype, tf32=tf32)
-    assert peak == (None if tflops is None else pytest.approx(tflops * 1e12))
+def test_datasheet_peaks(name, dtype, tf32, tflops):
+    peak = device_peak(name, dtype, tf32=tf32)
+    assert (None if peak is None else peak.flops) == (None if tflops is None else pytest.approx(tflops * 1e12))
+    if peak is not None:  # named, with its source
+        assert "datasheet" in peak.source and peak.name.endswith(f"{'tfloat32' if tf32 else dtype} dense")
+
+
+def test_a_training_runs_learner_logs_achieved_tflops_and_on_a_cpu_no_mfu(tiny_model_path, caplog):
+    """The learner's step metrics: its shard's model FLOPs (learner_step_flops, the bench's count) over its step,
+    per rank; on a CPU there is no peak, so no ``learner/mfu``, and the log says so."""
+    import logging
+
+    from ragen_async.learner.flops import StepMeter
+
+    with caplog.at_level(logging.INFO, logger="ragen_async.learner.flops"):
+        cfg, learner = _learner(tiny_model_path, "learner.epochs=2", "learner.mini_batch_size=4")
+    assert NO_PEAK in caplog.text
+    shape = GroupShape("small", 8, prompt_tokens=20, turns=2, reply_tokens=5, feedback_tokens=7)
+    shard = make_shard(shape, 8, learner.actor.config.vocab_size, cfg)
+    metrics = learner.train_step(shard).metrics
+    assert "learner/mfu" not in metrics and metrics["learner/tflops_per_gpu"] > 0
+    plan = step_plan(learner, shard)
+    meter = StepMeter(learner)
+    assert meter.plan(plan.lengths, old_logprobs=True) == plan  # the learner counts the bench's plan
+    flops = learner_step_flops(dims_of(learner.actor), dims_of(learner.critic), plan).model
+    assert meter.metrics(plan.lengths, old_logprobs=True, seconds=2.0) == {"learner/tflops_per_gpu": flops / 2e12}
+    # with a tabled device the same count is divided by its peak
+    meter.peak = device_peak("NVIDIA H100 80GB HBM3", "float32")
+    assert meter.metrics(plan.lengths, old_logprobs=True, seconds=2.0)["learner/mfu"] == flops / 2.0 / 67e12
