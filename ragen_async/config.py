@@ -150,7 +150,7 @@ class AlgoConfig(_Strict):
     """``geo_mask``: trajectories whose geometric-mean ratio pi_old/mu leaves [1/geo_cap, geo_cap] are dropped;
     ``geo_tis``: that ratio, the trajectory's weight, is truncated at geo_cap."""
     age_tau: float = Field(2.0, gt=0)
-    """``age`` only: tokens more than age_tau versions old get weight age_tau/age, so age x step stays <= age_tau x step."""
+    """``age`` only: a negative-advantage token (any, see below) more than age_tau versions old gets weight age_tau/age."""
     age_negatives_only: bool = True
     """``age`` only: scale just negative-advantage tokens (the stale samples that do the damage); False: every token."""
 

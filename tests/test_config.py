@@ -158,3 +158,19 @@ def test_nucleus_sampling_with_an_off_policy_correction_is_refused():
             load_config(None, ["rollout.top_p=0.9", f"algo.off_policy={correction}"])
     assert load_config(None, ["rollout.top_p=0.9"]).rollout.top_p == 0.9
     assert load_config(None, ["algo.off_policy=tis"]).algo.off_policy == "tis"
+
+
+def test_the_stale_sample_corrections_load_and_their_bounds_are_checked():
+    """Each ``algo.off_policy`` correction loads with its bound; a bound out of range is refused naming the key and
+    the range; the default stays ``none``."""
+    assert load_config(None, []).algo.off_policy == "none"
+    for mode, bound in (("opsm", "algo.opsm_delta=0.01"), ("geo_mask", "algo.geo_cap=1.1"),
+                        ("geo_tis", "algo.geo_cap=1.1"), ("age", "algo.age_tau=3")):
+        assert load_config(None, [f"algo.off_policy={mode}", bound]).algo.off_policy == mode
+    for bad, says in (("algo.opsm_delta=-0.1", r"algo\.opsm_delta: Input should be greater than or equal to 0"),
+                      ("algo.geo_cap=1", r"algo\.geo_cap: Input should be greater than 1"),
+                      ("algo.age_tau=0", r"algo\.age_tau: Input should be greater than 0"),
+                      ("algo.off_policy=opsm2", r"algo\.off_policy: Input should be 'none', 'tis', 'decoupled', "
+                                                r"'opsm', 'geo_mask', 'geo_tis' or 'age'")):
+        with pytest.raises(ConfigError, match=says):
+            load_config(None, [bad])

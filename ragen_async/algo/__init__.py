@@ -6,7 +6,7 @@ ray / zmq / vllm / torch.distributed. Distributed callers pass global statistics
 
 Modules: ``masked`` (masked statistics), ``aggregation`` (the one loss normaliser), ``advantages`` (token
 rewards, masked GAE, group normalisation), ``filtering`` (StarPO-S reward-std group filter), ``losses``
-(policy/value/entropy/KL), ``diagnostics`` (explained variance, k3 KL, bucketed means).
+(policy/value/entropy/KL), ``corrections`` (per-sample weights of stale tokens), ``diagnostics`` (explained variance, k3 KL, bucketed means).
 """
 
 from ragen_async.algo.advantages import (
@@ -18,6 +18,7 @@ from ragen_async.algo.advantages import (
     scores_to_token_rewards,
 )
 from ragen_async.algo.aggregation import LOSS_AGG_MODES, LossAggMode, aggregate_loss
+from ragen_async.algo.corrections import Correction, off_policy_correction, sequence_log_ratio
 from ragen_async.algo.diagnostics import (
     LAG_SUMS,
     approx_kl_k3,
@@ -62,6 +63,9 @@ __all__ = [
     "OffPolicyMode",
     "PolicyLossInputs",
     "aggregate_loss",
+    "Correction",
+    "off_policy_correction",
+    "sequence_log_ratio",
     "approx_kl_k3",
     "broadcast_to_tokens",
     "compute_gae",

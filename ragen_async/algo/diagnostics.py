@@ -5,9 +5,13 @@ All functions are side-effect free, return tensors (no ``.item()``) and run unde
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from operator import itemgetter
+
 import torch
 from torch import Tensor
 
+from ragen_async.algo.corrections import Correction
 from ragen_async.algo.losses import kl_estimate
 from ragen_async.algo.masked import masked_mean, masked_var
 
@@ -50,7 +54,8 @@ def approx_kl_k3(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor
     return masked_mean(kl_estimate(logp, ref, "k3"), mask.to(logprobs.dtype))
 
 
-LAG_SUMS = ("tokens", "k3", "is_w", "is_w2", "outside_clip", "abs_adv", "trajectories", "reward", "success")
+LAG_SUMS = ("tokens", "k3", "is_w", "is_w2", "outside_clip", "abs_adv", "trajectories", "reward", "success",
+            "corr_w", "corr_w2", "corr_masked", "corr_truncated", "corr_masked_trajectories")
 """The per-staleness-bucket sums :func:`lag_sums` returns (rows of its [len(LAG_SUMS), K] tensor)."""
 
 
@@ -66,6 +71,7 @@ def lag_sums(
     num_buckets: int,
     clip_low: float,
     clip_high: float,
+    correction: Correction | None = None,
 ) -> Tensor:
     """Sums, per staleness bucket, from which :func:`lag_metrics` derives the stability-by-lag metrics.
 
@@ -74,7 +80,10 @@ def lag_sums(
     oldest trained token. Lags >= ``num_buckets - 1`` share the last bucket. The importance weight of a
     token is ``exp(learner - behaviour)`` (the learner's log-prob before this step's update); it is
     *outside the clip* when it leaves ``[1 - clip_low, 1 + clip_high]``. Sums, not means, so ranks can
-    all-reduce them. Returns float64 [len(LAG_SUMS), K].
+    all-reduce them. ``correction`` (:func:`~ragen_async.algo.corrections.off_policy_correction` on the
+    same tokens) adds what it did: per token its weight, the weight squared, masked and truncated tokens; per
+    trajectory whether any of its tokens was masked (without it: weight 1, nothing masked). Returns float64
+    [len(LAG_SUMS), K].
     """
     trained = mask > 0
     m = trained.double()
@@ -86,6 +95,12 @@ def lag_sums(
     outside = ((w < 1.0 - clip_low) | (w > 1.0 + clip_high)).double()
     abs_adv = torch.where(trained, advantages.double().abs(), 0.0)
     token_rows = [m, k3 * m, w * m, w * w * m, outside * m, abs_adv]
+    if correction is not None:
+        cw = torch.where(trained, correction.weight, 0.0).double()
+        masked, truncated = (correction.masked & trained).double(), (correction.truncated & trained).double()
+    else:
+        cw, masked, truncated = m, torch.zeros_like(m), torch.zeros_like(m)
+    corr_rows = [cw, cw * cw, masked, truncated]
     out = torch.zeros(len(LAG_SUMS), num_buckets, dtype=torch.float64, device=mask.device)
     flat_idx = idx.reshape(-1)
     for r, values in enumerate(token_rows):
@@ -95,17 +110,26 @@ def lag_sums(
     t = has_tokens.double()
     for r, values in zip(range(6, 9), (t, rewards.double() * t, successes.double() * t), strict=True):
         out[r].index_add_(0, oldest, values)
+    for r, values in enumerate(corr_rows, start=9):
+        out[r].index_add_(0, flat_idx, values.reshape(-1))
+    out[13].index_add_(0, oldest, (masked.sum(dim=1) > 0).double() * t)
     return out
 
 
-def lag_metrics(sums: list[list[float]], prefix: str = "lag") -> dict[str, float]:
+def lag_metrics(sums: list[list[float]], prefix: str = "lag", correction: bool = False) -> dict[str, float]:
     """``{prefix}/{s}/...`` per bucket from :func:`lag_sums`'s rows (summed over ranks, as host lists;
     the last bucket is named ``{K-1}+``), and ``mismatch/k3_kl``, the same KL over all lags. An empty bucket (no
     token, no trajectory) logs nothing: a reader takes a missing bucket as empty. Otherwise ``tokens`` and
     ``trajectories``; where the bucket holds tokens, ``k3_kl`` (behaviour vs learner), ``is_ess`` (the importance weights' effective sample
     size over the token count, 1 = no mismatch), ``is_outside_clip`` (share of tokens whose weight leaves
     the clip range) and ``adv_share`` (share of the step's summed |advantage|); where it holds
-    trajectories, their mean ``reward`` and ``success``."""
+    trajectories, their mean ``reward`` and ``success``. With ``correction`` (an off-policy correction
+    acted), per bucket with tokens ``corr_masked`` / ``corr_truncated`` (share of its tokens whose loss the
+    correction removed / whose weight it reduced), ``corr_weight`` (mean applied weight) and ``corr_ess``
+    (the applied weights' effective sample size over the token count: (sum w)^2 / (n sum w^2), the kept share
+    for a 0/1 mask, 0 when every token is masked); per bucket with trajectories ``corr_masked_seqs`` (share
+    of them with a masked token); and the same over all lags as ``correction/masked``, ``correction/truncated``,
+    ``correction/weight``, ``correction/ess``, ``correction/masked_seqs``."""
     rows = dict(zip(LAG_SUMS, sums, strict=True))
     total_adv = sum(rows["abs_adv"])
     n_all = sum(rows["tokens"])
@@ -127,4 +151,22 @@ def lag_metrics(sums: list[list[float]], prefix: str = "lag") -> dict[str, float
         if n_traj > 0:
             out[f"{key}/reward"] = rows["reward"][s] / n_traj
             out[f"{key}/success"] = rows["success"][s] / n_traj
+        if correction:
+            out.update(_correction_metrics(rows, f"{key}/corr_", n, n_traj, itemgetter(s)))
+    if correction:
+        out.update(_correction_metrics(rows, "correction/", n_all, sum(rows["trajectories"]), sum))
+    return out
+
+
+def _correction_metrics(rows: dict[str, list[float]], prefix: str, n: float, n_traj: float,
+                        pick: Callable[[list[float]], float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    if n > 0:
+        w, w2 = pick(rows["corr_w"]), pick(rows["corr_w2"])
+        out[f"{prefix}masked"] = pick(rows["corr_masked"]) / n
+        out[f"{prefix}truncated"] = pick(rows["corr_truncated"]) / n
+        out[f"{prefix}weight"] = w / n
+        out[f"{prefix}ess"] = w * w / (w2 * n) if w2 > 0 else 0.0
+    if n_traj > 0:
+        out[f"{prefix}masked_seqs"] = pick(rows["corr_masked_trajectories"]) / n_traj
     return out

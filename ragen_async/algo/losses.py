@@ -26,6 +26,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from ragen_async.algo.aggregation import aggregate_loss
+from ragen_async.algo.corrections import NEEDS_STALENESS, OFF_POLICY_MODES, OffPolicyMode, off_policy_correction
 from ragen_async.algo.masked import masked_mean
 
 __all__ = [
@@ -44,8 +45,6 @@ __all__ = [
 
 KLType = Literal["k1", "kl", "k2", "mse", "abs", "k3", "low_var_kl"]
 KL_TYPES: tuple[str, ...] = get_args(KLType)
-OffPolicyMode = Literal["none", "tis", "decoupled"]
-OFF_POLICY_MODES: tuple[str, ...] = get_args(OffPolicyMode)
 
 # exp() of a log-ratio beyond this overflows or dominates everything; verl clamps at the same value.
 _LOG_RATIO_CLAMP = 20.0
@@ -194,6 +193,8 @@ class PolicyLossInputs:
             diagnostic.
         entropy: per-token entropy of pi_theta (with graph if the bonus is used).
         ref_logprobs: log pi_ref, required when ``kl_coef > 0``.
+        staleness: each token's age in policy versions (the learner's version minus the version that
+            sampled it); required by the ``age`` off-policy mode, unused by the others.
     """
 
     logprobs: Tensor
@@ -203,6 +204,7 @@ class PolicyLossInputs:
     behaviour_logprobs: Tensor | None = None
     entropy: Tensor | None = None
     ref_logprobs: Tensor | None = None
+    staleness: Tensor | None = None
 
 
 def _where_masked(x: Tensor, sampled: Tensor) -> Tensor:
@@ -219,6 +221,10 @@ def policy_loss(
     loss_agg_mode: str = "token-mean",
     off_policy: str = "none",
     is_cap: float | None = 2.0,
+    opsm_delta: float = 0.01,
+    geo_cap: float = 1.02,
+    age_tau: float = 2.0,
+    age_negatives_only: bool = True,
     entropy_coef: float = 0.0,
     kl_coef: float = 0.0,
     kl_type: str = "k1",
@@ -239,7 +245,12 @@ def policy_loss(
         - ``"decoupled"``: L *= exp(log pi_old - log mu), detached, and tokens whose weight exceeds
           ``is_cap`` get weight 0 (AReaL decoupled PPO: the cap masks instead of truncating). Masked tokens
           still count in the denominator, as AReaL, so ``num_tokens`` keeps the same meaning in every mode.
-        ``is_cap=None`` disables truncation / masking.
+        - ``"opsm"``, ``"geo_mask"``, ``"geo_tis"``, ``"age"``: L *= the weight of
+          :func:`~ragen_async.algo.corrections.off_policy_correction` (sequence masking of stale negatives,
+          geometric-mean sequence mask / truncated weight, age-scaled negatives), detached; masked tokens
+          likewise stay in the denominator.
+        ``is_cap=None`` disables truncation / masking of ``tis`` / ``decoupled``. Every mode compares pi_old
+        with mu (pi_old == pi_theta in the one-pass regime).
 
     Total loss = agg(L) - entropy_coef * agg(entropy) + kl_coef * agg(kl_estimate(log pi_theta, log pi_ref)),
     every ``agg`` being :func:`aggregate_loss` with ``loss_agg_mode``, ``num_tokens``, ``num_seqs``.
@@ -250,8 +261,10 @@ def policy_loss(
         clip_eps_high: epsilon above 1 (0.28 in StarPO-S, 0.2 in vanilla StarPO).
         dual_clip_c: dual-clip constant c > 1 (3.0); None disables dual clip.
         loss_agg_mode: see :func:`aggregate_loss`.
-        off_policy: ``"none"``, ``"tis"`` or ``"decoupled"``.
-        is_cap: importance-weight cap for the off-policy modes.
+        off_policy: one of :data:`OFF_POLICY_MODES`.
+        is_cap: importance-weight cap of ``tis`` / ``decoupled``.
+        opsm_delta, geo_cap, age_tau, age_negatives_only: the other modes' bounds, see
+            :func:`~ragen_async.algo.corrections.off_policy_correction`.
         entropy_coef: entropy bonus coefficient (StarPO-S 0.001); needs ``inputs.entropy`` when non-zero.
         kl_coef: KL penalty coefficient (StarPO-S 0); needs ``inputs.ref_logprobs`` when > 0.
         kl_type: estimator for the KL penalty, see :func:`kl_estimate` (RAGEN ``kl`` = k1).
@@ -266,7 +279,9 @@ def policy_loss(
         (k3 of KL(mu || pi_old), the engine/learner mismatch) when behaviour log-probs are given; in the
         off-policy modes ``is_weight_mean`` / ``is_weight_max`` (raw weight exp(log pi_old - log mu) before
         capping), ``is_capped_frac`` (raw weight > is_cap) and ``is_masked_frac`` (tokens dropped: equal to
-        ``is_capped_frac`` for ``decoupled``, 0 for ``tis``).
+        ``is_capped_frac`` for ``decoupled``, 0 for ``tis``; these two only for ``tis`` / ``decoupled``);
+        in every off-policy mode ``corr_weight_mean`` (mean applied weight), ``corr_masked_frac`` (tokens
+        whose loss the correction removed) and ``corr_truncated_frac`` (tokens whose weight it reduced).
 
     Raises:
         ValueError: unknown mode, missing behaviour / ref / entropy tensors for the requested terms, or
@@ -276,6 +291,8 @@ def policy_loss(
         raise ValueError(f"unknown off_policy mode {off_policy!r}; valid modes: {', '.join(OFF_POLICY_MODES)}")
     if off_policy != "none" and inputs.behaviour_logprobs is None:
         raise ValueError(f"off_policy={off_policy!r} needs inputs.behaviour_logprobs")
+    if off_policy in NEEDS_STALENESS and inputs.staleness is None:
+        raise ValueError(f"off_policy={off_policy!r} needs inputs.staleness (each token's age in versions)")
     if dual_clip_c is not None and dual_clip_c <= 1.0:
         raise ValueError(f"dual_clip_c must be > 1 (or None to disable), got {dual_clip_c}")
     if kl_coef > 0.0 and inputs.ref_logprobs is None:
@@ -313,20 +330,22 @@ def policy_loss(
         with torch.no_grad():
             metrics["behaviour_kl_k3"] = masked_mean(kl_estimate(behav_logp, old_logp, "k3"), mask)
         if off_policy != "none":
+            staleness = inputs.staleness
+            corr = off_policy_correction(
+                off_policy, old_logprobs=old_logp, behaviour_logprobs=behav_logp, advantages=adv, mask=mask,
+                staleness=staleness.detach() if staleness is not None else None, is_cap=is_cap,
+                opsm_delta=opsm_delta, geo_cap=geo_cap, age_tau=age_tau, age_negatives_only=age_negatives_only)
             with torch.no_grad():
-                raw_weight = torch.exp((old_logp - behav_logp).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
-                capped = (raw_weight > is_cap) & sampled if is_cap is not None else torch.zeros_like(sampled)
-                if off_policy == "tis":
-                    weight = raw_weight.clamp(max=is_cap) if is_cap is not None else raw_weight
-                    dropped = torch.zeros_like(sampled)
-                else:  # decoupled
-                    weight = torch.where(capped, torch.zeros_like(raw_weight), raw_weight)
-                    dropped = capped
-                metrics["is_weight_mean"] = masked_mean(raw_weight, mask)
-                metrics["is_weight_max"] = _where_masked(raw_weight, sampled).amax()
-                metrics["is_capped_frac"] = masked_mean(capped.to(mask.dtype), mask)
-                metrics["is_masked_frac"] = masked_mean(dropped.to(mask.dtype), mask)
-            per_token = per_token * weight
+                metrics["is_weight_mean"] = masked_mean(corr.token_ratio, mask)
+                metrics["is_weight_max"] = _where_masked(corr.token_ratio, sampled).amax()
+                if off_policy in ("tis", "decoupled"):
+                    capped = corr.truncated | corr.masked
+                    metrics["is_capped_frac"] = masked_mean(capped.to(mask.dtype), mask)
+                    metrics["is_masked_frac"] = masked_mean(corr.masked.to(mask.dtype), mask)
+                metrics["corr_weight_mean"] = masked_mean(corr.weight, mask)
+                metrics["corr_masked_frac"] = masked_mean(corr.masked.to(mask.dtype), mask)
+                metrics["corr_truncated_frac"] = masked_mean(corr.truncated.to(mask.dtype), mask)
+            per_token = per_token * corr.weight
 
     pg_loss = aggregate_loss(per_token, mask, loss_agg_mode, **agg_kwargs)
     total = pg_loss

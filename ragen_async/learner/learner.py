@@ -87,6 +87,9 @@ class UpdateTargets:
     """The critic's targets; ``None`` without a critic."""
     ref_logprobs: torch.Tensor | None = None
     """The reference policy's log-probs (KL penalty); ``None`` without one."""
+    staleness: torch.Tensor | None = None
+    """Each token's age in versions (this step's learner version minus the version that sampled it), which
+    the ``age`` off-policy correction reads."""
     fill_old: bool = False
 
 
@@ -379,8 +382,9 @@ class Learner:
             on_device["critic/vf_explained_var"] = torch.where(
                 algo.masked_var(returns, batch.loss_mask) > 1e-8, explained, torch.full_like(explained, math.nan))
 
+        staleness = self._staleness(batch, shard.learner_version)
         targets = UpdateTargets(old_logprobs, advantages, old_values, returns, recomputed.get("ref_logprobs"),
-                                fill_old=single_pass)
+                                staleness=staleness, fill_old=single_pass)
         sums: dict[str, torch.Tensor | float] = defaultdict(float)
         n_steps = 0
         t3 = time.perf_counter()
@@ -391,7 +395,7 @@ class Learner:
                     sums[k] += v
                 n_steps += 1
         t4 = time.perf_counter()
-        lag_sums = self._lag_sums(batch, old_logprobs, advantages, shard.learner_version)
+        lag_sums = self._lag_sums(batch, old_logprobs, advantages, staleness)
         on_device.update({f"_lag/{i}": v for i, v in enumerate(lag_sums.flatten().unbind())})
         averaged = {k: v / n_steps for k, v in sums.items()}
         on_device.update({k: v for k, v in averaged.items() if isinstance(v, torch.Tensor)})
@@ -400,7 +404,8 @@ class Learner:
         if math.isnan(metrics.get("critic/vf_explained_var", 0.0)):
             del metrics["critic/vf_explained_var"]
         flat, k = [metrics.pop(f"_lag/{i}") for i in range(lag_sums.numel())], self.LAG_BUCKETS
-        metrics.update(algo.lag_metrics([flat[r * k:(r + 1) * k] for r in range(len(algo.LAG_SUMS))]))
+        metrics.update(algo.lag_metrics([flat[r * k:(r + 1) * k] for r in range(len(algo.LAG_SUMS))],
+                                        correction=self.algo_cfg.off_policy != "none"))
         metrics.update({"timing/learner_collate_s": t1 - t0, "timing/learner_recompute_s": t2 - t1,
                         "timing/learner_advantages_s": t3 - t2, "timing/learner_update_s": t4 - t3})
         metrics["actor/skipped_steps"] = float(self.skipped_steps)
@@ -451,11 +456,13 @@ class Learner:
                 pg_inputs = algo.PolicyLossInputs(
                     logprobs=logprobs, old_logprobs=old_logprobs[rows, :T], advantages=advantages[rows, :T],
                     mask=mb.loss_mask * zero, behaviour_logprobs=mb.behaviour_logprobs, entropy=entropy,
-                    ref_logprobs=ref_logprobs[rows, :T] if ref_logprobs is not None else None)
+                    ref_logprobs=ref_logprobs[rows, :T] if ref_logprobs is not None else None,
+                    staleness=t.staleness[rows, :T] if t.staleness is not None else None)
                 loss, m = algo.policy_loss(
                     pg_inputs, clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high,
                     dual_clip_c=a.dual_clip_c, loss_agg_mode=a.loss_agg_mode, off_policy=a.off_policy,
-                    is_cap=a.is_cap, entropy_coef=a.entropy_coef, kl_coef=a.kl_coef, kl_type=a.kl_type,
+                    is_cap=a.is_cap, **self._correction_kwargs(), entropy_coef=a.entropy_coef, kl_coef=a.kl_coef,
+                    kl_type=a.kl_type,
                     num_tokens=global_tokens, num_seqs=global_seqs)
                 (loss * scale).backward()
             w = float(mb.num_trained) * zero
@@ -508,14 +515,34 @@ class Learner:
     LAG_BUCKETS = 9
     """Staleness buckets of the stability-by-lag metrics: lags 0..7 and "8 or more"."""
 
+    @staticmethod
+    def _staleness(batch: TokenBatch, learner_version: int) -> torch.Tensor:
+        """[B, T] each token's age in versions at this step (0 off the loss mask and for future versions)."""
+        return (learner_version - batch.token_versions).clamp(min=0)
+
+    def _correction_kwargs(self) -> dict[str, Any]:
+        """The off-policy correction's bounds, as ``algo.policy_loss`` and ``algo.off_policy_correction`` take them."""
+        a = self.algo_cfg
+        return {"opsm_delta": a.opsm_delta, "geo_cap": a.geo_cap, "age_tau": a.age_tau,
+                "age_negatives_only": a.age_negatives_only}
+
     def _lag_sums(self, batch: TokenBatch, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                  learner_version: int) -> torch.Tensor:
+                  staleness: torch.Tensor) -> torch.Tensor:
         """The sums behind the stability-by-lag metrics (``algo.lag_sums``) over the whole step's
-        batch, all ranks' combined, so every rank reports the same values."""
-        staleness = (learner_version - batch.token_versions).clamp(min=0)
+        batch, all ranks' combined, so every rank reports the same values. With an off-policy correction,
+        what it did per lag: the weights of ``algo.off_policy_correction`` on the same tokens, advantages,
+        pre-update log-probs and ages the loss saw (a trajectory is never split across micro-batches, so the
+        sequence-level modes see the same rows)."""
+        a = self.algo_cfg
+        correction = None
+        if a.off_policy != "none":
+            correction = algo.off_policy_correction(
+                a.off_policy, old_logprobs=old_logprobs, behaviour_logprobs=batch.behaviour_logprobs,
+                advantages=advantages, mask=batch.loss_mask, staleness=staleness, is_cap=a.is_cap,
+                **self._correction_kwargs())
         sums = algo.lag_sums(batch.loss_mask, staleness, batch.behaviour_logprobs, old_logprobs, advantages,
                              batch.scores, batch.successes, self.LAG_BUCKETS,
-                             self.algo_cfg.clip_eps_low, self.algo_cfg.clip_eps_high)
+                             self.algo_cfg.clip_eps_low, self.algo_cfg.clip_eps_high, correction=correction)
         if self.distributed:
             dist.all_reduce(sums)
         return sums
