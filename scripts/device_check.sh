@@ -123,7 +123,7 @@ if ((gpus < 2)); then
 elif ((!has_vllm || !has_ray)); then
     skip paper_run "needs vllm and ray installed"
 elif [[ ! -f $model/config.json ]]; then
-    skip paper_run "no model at $model (set RAGEN_MODEL_PATH, or run \`ragen-async make-model\`)"
+    skip paper_run "no model at $model (set RAGEN_MODEL_PATH; the tiny model is in the repository: git checkout artifacts/tiny-model)"
 else
     ranks=$((gpus >= 3 ? 2 : 1))
     echo "$ranks" > "$tmp/paper_run.ranks"

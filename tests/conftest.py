@@ -108,19 +108,22 @@ def random_tied_qwen2(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_model_path() -> str:
-    """The project's tiny model (``make test`` builds it first; built here if missing).
-    ``RAGEN_TEST_MODEL`` points the tests at another build (e.g. a quick one while iterating)."""
+    """The project's tiny model, shipped in the repository (``artifacts/tiny-model``; ``make model`` checks it,
+    tests/tinymodel/test_shipped.py that it is what the current code builds). ``RAGEN_TEST_MODEL`` points the
+    tests at another build (e.g. a quick one while iterating)."""
     import os
     from pathlib import Path
 
     if os.environ.get("RAGEN_TEST_MODEL"):
         return os.environ["RAGEN_TEST_MODEL"]
 
-    from ragen_async.tinymodel.build import DEFAULT_OUT_DIR, ensure_tiny_model
+    from ragen_async.tinymodel.build import DEFAULT_OUT_DIR, is_complete_build
 
     root = Path(__file__).resolve().parents[1]
     path = root / DEFAULT_OUT_DIR
-    ensure_tiny_model(path)
+    if not is_complete_build(path):
+        pytest.fail(f"{path} holds no complete tiny-model build: it is in the repository (`git checkout "
+                    f"{DEFAULT_OUT_DIR}` restores it; `make model-build` rebuilds it)")
     return str(path)
 
 

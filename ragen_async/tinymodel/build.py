@@ -34,7 +34,9 @@ import json
 import math
 import os
 import random
+import shlex
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -45,7 +47,8 @@ import numpy as np
 import torch
 
 from ragen_async.modeldir import weights_sha256
-from ragen_async.tinymodel import corpus
+from ragen_async.tinymodel import corpus, inputs
+from ragen_async.tinymodel.inputs import machine_info
 from ragen_async.tinymodel.tokenizer import GRID_SYMBOLS
 
 FORMAT_VERSION = 2
@@ -487,6 +490,67 @@ def loss_summary(losses: list[float]) -> dict[str, Any]:
 # build
 
 
+@dataclass
+class PreparedInputs:
+    """The build's deterministic first half: what the SFT trains on (:func:`prepare_inputs`)."""
+
+    texts: list[str]
+    """The tokenizer's training conversations."""
+    tokenizer: Any
+    """The trained tokenizer (``PreTrainedTokenizerFast``)."""
+    examples: list[SFTExample]
+    """The SFT examples, in the order the build draws batches from."""
+    timings_s: dict[str, float]
+
+    def digests(self) -> dict[str, str]:
+        """What ``build_info.json`` records as ``inputs`` (:mod:`.inputs`)."""
+        return {"tokenizer_corpus_sha256": inputs.corpus_digest(self.texts),
+                "tokenizer_sha256": inputs.tokenizer_digest(self.tokenizer),
+                "sft_data_sha256": inputs.sft_data_digest(self.examples),
+                "build_code_sha256": inputs.build_code_digest()}
+
+
+def prepare_inputs(config: TinyModelConfig, seed: int, log: Log = print_log) -> PreparedInputs:
+    """Train the tokenizer on the env corpus and play the SFT episodes: what :func:`build_tiny_model` does before
+    the model exists (about 20 s on 2 cores). Call it inside ``deterministic(seed, config.num_threads)``, as the
+    build does, to get the build's own inputs."""
+    from ragen_async.agent.chat import ChatFormat
+    from ragen_async.tinymodel.tokenizer import check_tokenizer, train_tokenizer
+
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    texts = list(corpus.corpus_texts(config.env_tags, config.tokenizer_episodes_per_tag, seed=seed,
+                                     bandit_rename_prob=config.bandit_rename_prob))
+    tokenizer = train_tokenizer(texts, vocab_size=config.vocab_size)
+    check_tokenizer(tokenizer)
+    chat = ChatFormat(tokenizer)
+    timings["tokenizer_s"] = time.perf_counter() - t
+    log(f"tokenizer: {len(tokenizer)} tokens from {len(texts)} conversations ({timings['tokenizer_s']:.1f} s)")
+
+    t = time.perf_counter()
+    examples = make_sft_examples(chat, config, seed)
+    timings["sft_data_s"] = time.perf_counter() - t
+    log(f"sft data: {len(examples)} episodes, {sum(len(e.token_ids) for e in examples)} tokens, "
+        f"{sum(sum(e.loss_mask) for e in examples)} reply tokens ({timings['sft_data_s']:.1f} s)")
+    return PreparedInputs(texts, tokenizer, examples, timings)
+
+
+def git_commit() -> str | None:
+    """The commit checked out where this code lives (``+dirty`` when tracked files have changes), or ``None``
+    outside a git checkout."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
 def build_tiny_model(out_dir: Path | str, seed: int = 0, config: TinyModelConfig | None = None,
                      log: Log = print_log, **overrides: Any) -> Path:
     """Build the tiny model into ``out_dir`` (replacing a previous build there); returns ``out_dir``.
@@ -497,34 +561,18 @@ def build_tiny_model(out_dir: Path | str, seed: int = 0, config: TinyModelConfig
     import transformers
     from transformers import GenerationConfig, Qwen2ForCausalLM
 
-    from ragen_async.agent.chat import ChatFormat
-    from ragen_async.tinymodel.tokenizer import check_tokenizer, train_tokenizer
-
     config = dataclasses.replace(config or TinyModelConfig(), **overrides)
     out_dir = Path(out_dir)
     check_replaceable(out_dir)
     t_start = time.perf_counter()
-    timings: dict[str, float] = {}
     key = cache_key(config, seed)
     log(f"building the tiny model into {out_dir} (seed {seed}, cache key {key})")
 
     with deterministic(seed, config.num_threads):
-        t = time.perf_counter()
-        texts = list(corpus.corpus_texts(config.env_tags, config.tokenizer_episodes_per_tag, seed=seed,
-                                             bandit_rename_prob=config.bandit_rename_prob))
-        tokenizer = train_tokenizer(texts, vocab_size=config.vocab_size)
-        check_tokenizer(tokenizer)
-        chat = ChatFormat(tokenizer)
-        timings["tokenizer_s"] = time.perf_counter() - t
-        log(f"tokenizer: {len(tokenizer)} tokens from {len(texts)} conversations ({timings['tokenizer_s']:.1f} s)")
-
-        t = time.perf_counter()
-        examples = make_sft_examples(chat, config, seed)
-        timings["sft_data_s"] = time.perf_counter() - t
+        prepared = prepare_inputs(config, seed, log)
+        tokenizer, examples, timings = prepared.tokenizer, prepared.examples, dict(prepared.timings_s)
         n_tokens = sum(len(e.token_ids) for e in examples)
         n_reply = sum(sum(e.loss_mask) for e in examples)
-        log(f"sft data: {len(examples)} episodes, {n_tokens} tokens, {n_reply} reply tokens "
-            f"({timings['sft_data_s']:.1f} s)")
 
         model_config = make_model_config(config, tokenizer)
         torch.manual_seed(seed)
@@ -559,6 +607,11 @@ def build_tiny_model(out_dir: Path | str, seed: int = 0, config: TinyModelConfig
         "build_wall_time_s": round(timings["total_s"], 2),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "tokenizers": tokenizers.__version__},
+        "inputs": prepared.digests(),
+        "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "git_commit": git_commit(),
+        "machine": machine_info(),
+        "built_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
     save_model_dir(model, tokenizer, out_dir, info)
     final = info["sft_loss"].get("final")
