@@ -28,6 +28,7 @@ All functions are pure tensor math under ``torch.no_grad``; masked-out positions
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -144,8 +145,7 @@ def off_policy_correction(
             masked = sampled & (adv < 0) & (-seq_log_rho > opsm_delta)
             weight, truncated = torch.where(masked, zero, one), no
         elif mode == "geo_mask":
-            bound = torch.log(torch.tensor(geo_cap, dtype=torch.float64)).item()
-            masked = sampled & (seq_log_rho.abs() > bound)
+            masked = sampled & (seq_log_rho.abs() > math.log(geo_cap))
             weight, truncated = torch.where(masked, zero, one), no
         else:  # geo_tis
             rho = torch.exp(seq_log_rho)
