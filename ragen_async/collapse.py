@@ -3,7 +3,7 @@
 **The line**: a ``fraction`` (default one half) of the way from a ``floor`` to the peak validation success
 so far: ``floor + fraction * (peak - floor)``. With ``floor`` 0 (the default) that is half the peak; with
 the task's random-policy success it is half the gain over random lost, which is what "fell" means for a
-run that starts from a warm start well above 0 (the Sokoban specimen: warm start 0.363, random 0.176).
+run that starts from a warm start well above random play.
 
 **A fall**: at least ``min_points`` validations in a row (default 2) below the line; its step is the first
 of them. :class:`CollapseWatch` applies the rule online, validation by validation, to raise an alert
@@ -19,7 +19,7 @@ judges a finished series and reports both (a run can fall and recover: that is a
 - ``grad_norm``: the step's gradient norm above ``spike`` (default 3) times the median of the previous
   ``window`` steps;
 
-and two that read staleness itself, on the step's stale tokens (trained at least one version after the
+and three that read staleness itself, on the step's stale tokens (trained at least one version after the
 one that generated them; :func:`stale_tokens` pools them from the per-lag metrics):
 
 - ``stale_kl``: their behaviour/learner KL (k3) above ``spike`` times the median of the previous ``window``
@@ -29,8 +29,8 @@ one that generated them; :func:`stale_tokens` pools them from the per-lag metric
 - ``kl_rise``: their KL on a log scale, as an exponential moving average over ``KL_RISE_SPAN`` steps, more than
   ``KL_RISE_MADS`` median absolute deviations above the median of its previous ``KL_RISE_TRAILING`` values
   (after ``KL_RISE_WARMUP`` steps with stale tokens): a rise of the drift against the run's own recent level,
-  where ``stale_kl`` compares one step with a fixed multiple. Chosen on the staleness study's runs, where it came
-  10-21 steps before 4 of the confirmation's 5 crashes (studies/newlevels/README.md, "The KL-target controller: the design read").
+  where ``stale_kl`` compares one step with a fixed multiple. How it fares on the study's runs:
+  studies/newlevels/README.md, "The KL-target controller: the design read".
 
 The report replays finished runs through the same class, and the adaptive staleness bound reacts to it
 while a run goes (to the signals ``staleness.adaptive_signals`` names), so both read one definition.

@@ -8,14 +8,13 @@ The verdicts N1-N8 are the registered evaluator's on ``predictions.yaml`` beside
 prediction the mean of the three per-seed differences of M (runs with the same sampling seed play the same levels)
 with its t-interval; the falls of the unbounded and synchronous cells at lr 2e-4 with Fisher's exact test (beside
 N4); and **the shape**, the AIC of three fits of M on Age (a step at Age > 0, the line, log(1 + Age)) on each task's
-cells (the confirmation script's :func:`cost_shape`, on seeds 6-8). And a figure of M per cell, each run a point
-(:func:`plot`). PATHS default to the three reference sweeps and the controller's where they exist; ``--out`` gets
+cells (:func:`ragen_async.study.report.cohorts.cost_shape`, on seeds 6-8). And a figure of M per cell, each run a
+point (:func:`plot`). PATHS default to the three reference sweeps and the controller's where they exist; ``--out`` gets
 ``newlevels.md`` and ``newlevels.png``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from scipy import stats as scipy_stats
 
 from ragen_async.collapse import find_collapse
 from ragen_async.study import stats
-from ragen_async.study.report import study_script
+from ragen_async.study.report import cohorts, study_script
 from ragen_async.study.report.registered import Spec, cells, load_spec, registered_section
 from ragen_async.study.report.runs import RunData
 from ragen_async.study.report.summary import RunSummary
@@ -34,9 +33,8 @@ SPEC = HERE / "predictions.yaml"
 DEFAULT_PATHS = tuple(HERE / name for name in ("lr1e4", "lr2e4", "countdown", "controller", "controller_countdown")
                       if (HERE / name).is_dir())
 """The reference cells (Sokoban at actor lr 1e-4 and 2e-4, SmallCountdown at 1e-4) and the controller's runs."""
-_spec = importlib.util.spec_from_file_location("confirm_analysis", HERE.parent / "confirm" / "analysis.py")
-confirm = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(confirm)
+SOKOBAN, COUNTDOWN = "SimpleSokoban", "SmallCountdown"
+"""The tasks, by validation environment (the spec's families)."""
 
 
 def paired(spec: Spec, summaries: Sequence[RunSummary]) -> list[str]:
@@ -62,7 +60,7 @@ def paired(spec: Spec, summaries: Sequence[RunSummary]) -> list[str]:
 def falls_beside_n4(spec: Spec, runs: Sequence[RunData], summaries: Sequence[RunSummary]) -> list[str]:
     """Falls (the Sokoban family's floor) of the unbounded and synchronous cells at lr 2e-4, with Fisher's exact
     test, one-sided (more falls unbounded)."""
-    (family,) = [f for f in spec.families if f.task == confirm.SOKOBAN]
+    (family,) = [f for f in spec.families if f.task == SOKOBAN]
     by_cell, by_name = cells(spec, family, summaries), {r.name: r for r in runs}
     unb, sync = by_cell["2e-4/kinf"], by_cell["2e-4/k0"]
     if len(unb) < 2 or len(sync) < 2:
@@ -84,7 +82,7 @@ def section(runs: Sequence[RunData], summaries: Sequence[RunSummary]) -> list[st
         "M of each seed's run in the first cell minus that in the second, the mean with its 95 % t-interval.", "",
         *paired(spec, summaries)]
     lines += ["", *falls_beside_n4(spec, runs, summaries)]
-    shape = confirm.cost_shape(summaries, seeds=spec.seeds, tasks=[f.task for f in spec.families], aic_digits=3)
+    shape = cohorts.cost_shape(summaries, spec.seeds, [f.task for f in spec.families], aic_digits=3)
     if shape:
         lines += ["", "The shape of the cost along age (described, not tested): per version, the difference of "
                   "neighbouring cells' mean M over that of their mean ages; AIC = n ln(RSS / n) + 2 (coefficients + "
@@ -94,11 +92,11 @@ def section(runs: Sequence[RunData], summaries: Sequence[RunSummary]) -> list[st
 
 
 def _cell(s: RunSummary, seeds: Sequence[int], task: str) -> str | None:
-    """A run's cell in the figure: the confirmation's naming, and ``controller`` for the KL-target controller
-    (adaptive from a bound)."""
+    """A run's cell in the figure: :func:`ragen_async.study.report.cohorts.cell_of`, and ``controller`` for the
+    KL-target controller (adaptive from a bound)."""
     if s.lag == "adaptive" and s.finished and s.off_policy == "none" and s.seed in seeds and task in s.val:
         return "controller"
-    return confirm._cell(s, seeds, task)
+    return cohorts.cell_of(s, seeds, task)
 
 
 def plot(runs: Sequence[RunData], summaries: Sequence[RunSummary], out: Path) -> Path | None:
@@ -106,10 +104,10 @@ def plot(runs: Sequence[RunData], summaries: Sequence[RunSummary], out: Path) ->
     cell's mean with its 95 % interval; Sokoban at both step sizes and SmallCountdown, the controller beside the
     reference cells once it has run."""
     spec = load_spec(SPEC)
-    return confirm.plot_confirmation(
-        runs, summaries, out, panels=((confirm.SOKOBAN, 1e-4), (confirm.SOKOBAN, 2e-4), (confirm.COUNTDOWN, 1e-4)),
+    return cohorts.plot_cohorts(
+        runs, summaries, out, panels=((SOKOBAN, 1e-4), (SOKOBAN, 2e-4), (COUNTDOWN, 1e-4)),
         cohorts=((spec.seeds, "new levels, seeds " + "-".join(map(str, (spec.seeds[0], spec.seeds[-1]))),
-                  "tab:green", None, {f.task: f.floor for f in spec.families}),), cell_of=_cell, name="newlevels.png")
+                  "tab:green", None, {f.task: f.floor for f in spec.families}),), name_of=_cell, name="newlevels.png")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

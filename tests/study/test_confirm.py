@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ragen_async.study.report import find_runs, summarize
+from ragen_async.study.report import cohorts, find_runs, summarize
 from ragen_async.study.report.registered import decide, load_spec
 from ragen_async.study.stats import holm
 
@@ -151,7 +151,7 @@ def test_the_figure_sets_the_confirmation_beside_the_studys_cells_and_the_new_le
     runs, _ = find_runs([tmp_path])
     summaries = [summarize(r, collapse_floor=0.176) for r in runs]
     saved = {}
-    monkeypatch.setattr(confirm, "save_figure", lambda fig, path: saved.setdefault(path.name, fig) and path)
+    monkeypatch.setattr(cohorts, "save_figure", lambda fig, path: saved.setdefault(path.name, fig) and path)
     assert confirm.plot_confirmation(runs, summaries, tmp_path) == tmp_path / "confirmation.png"
     (ax,) = saved["confirmation.png"].axes  # one panel: only Sokoban at lr 2e-4 has confirmation runs
     assert ax.get_title() == "SimpleSokoban, actor lr 2e-4"
