@@ -53,6 +53,9 @@ def test_each_prediction_is_decided_by_the_spec_s_rule_holm_within_the_family(tm
     assert got["N5"].statistic.startswith("(2e-4/k0 - 2e-4/kinf) - (1e-4/k0 - 1e-4/kinf): +0.110")
     assert "per version" in got["N1"].statistic and got["N1"].p < 0.05
     assert [got[n].verdict for n in ("N1", "N2", "N3", "N5")] == ["held", "failed", "held", "held"]
+    # The words each verdict allows: a held test "shown", a failed one "not shown" with its estimate and interval.
+    assert got["N3"].words == "shown" and got["N2"].words == f"not shown: estimate {got['N2'].estimate}"
+    assert got["N2"].estimate.startswith("+0.001 [") and got["N2"].estimate in got["N2"].statistic
     # Holm: the smallest p times 4, the next times 3, ...; the adjusted p is never below the raw one
     assert all(o.p_holm >= o.p for o in got.values())
     # A p between alpha / m and alpha holds on the raw rule and fails on Holm's.
@@ -109,6 +112,7 @@ def test_the_new_level_spec_reads_and_the_report_prints_its_section(tmp_path, ma
         REPO / "studies/newlevels/predictions.yaml", REPO / "studies/newlevels/controller.yaml"])
     text = (tmp_path / "out" / "report.md").read_text()
     assert "## Registered predictions: New levels" in text and "| N3 |" in text and "pending" in text
+    assert "| verdict | may be written |" in text and "| pending | not decided |" in text
     assert "## Registered predictions: The KL-target" in text and "| Ga |" in text
     assert report.summaries
 

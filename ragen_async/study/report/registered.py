@@ -75,12 +75,14 @@ class Prediction:
     name: str
     claim: str
     kind: str
+    """One of :data:`KINDS`."""
     cells: tuple[Any, ...]
-    gate: str | None = None
-    """A prediction of the family that must not have failed for this one to be decided (else ``not run``)."""
     """``slope``: cell names; ``welch``, ``mean_at_least``: (greater, than); ``gap_of_gaps``: ((a, b), (c, d)) for
     (a - b) - (c - d); ``no_falls``: (cell,); ``age_at_least``: (cell, of, fraction); ``drops_at_most``: (cell, share);
-    ``all_of``: prediction names."""
+    ``gain_at_least``: (cell, gain); ``warnings_at_most``: (cell, signal, per 100 steps); ``ratio_below``: (cells,
+    reference cells, limit); ``all_of``: prediction names."""
+    gate: str | None = None
+    """A prediction of the family that must not have failed for this one to be decided (else ``not run``)."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,22 @@ class Outcome:
     p: float
     p_holm: float
     verdict: str
+    kind: str = ""
+    """The prediction's kind (:data:`KINDS`): a test's verdict is worded "shown", a goal's "met"."""
+    estimate: str = ""
+    """A test's estimate with its 95 % interval, ``value [low, high]`` as the statistic prints it."""
+
+    @property
+    def words(self) -> str:
+        """What its rule allows a text to say of it: a held test "shown", a failed one "not shown" with its estimate
+        and interval; a held goal "met", a failed one "not met"; anything else (pending, interim, not run) "not
+        decided"."""
+        test = self.kind in TESTS
+        if self.verdict == "held":
+            return "shown" if test else "met"
+        if self.verdict == "failed":
+            return f"not shown: estimate {self.estimate}" if test else f"not met: {self.statistic}"
+        return "not decided"
 
 
 def _cell_names(kind: str, value: Any, where: str) -> tuple[Any, ...]:
@@ -249,21 +267,21 @@ def _m(members: Sequence[RunSummary]) -> np.ndarray:
     return np.array([s.mean_val for s in members], dtype=float)
 
 
-def _statistic(p: Prediction, c: dict[str, list[RunSummary]]) -> tuple[str, float]:
-    """The prediction's statistic in words (value and 95 % interval) and its one-sided p in the predicted
-    direction."""
+def _statistic(p: Prediction, c: dict[str, list[RunSummary]]) -> tuple[str, float, str]:
+    """The prediction's statistic in words (value and 95 % interval), its one-sided p in the predicted direction,
+    and the estimate with its interval alone (``value [low, high]``)."""
     if p.kind == "slope":
         members = [s for cell in p.cells for s in c[cell]]
-        fit = scipy_stats.linregress([s.staleness_mean for s in members], _m(members))
-        t = scipy_stats.t.ppf(0.975, len(members) - 2)
-        one_sided = fit.pvalue / 2 if fit.slope < 0 else 1 - fit.pvalue / 2
-        return (f"slope {fit.slope:+.4f} per version [{fit.slope - t * fit.stderr:+.4f}, "
-                f"{fit.slope + t * fit.stderr:+.4f}], {len(members)} runs", float(one_sided))
+        slope, low, high, two_sided, n = stats.trend([s.staleness_mean for s in members], _m(members))
+        one_sided = two_sided / 2 if slope < 0 else 1 - two_sided / 2
+        estimate = f"{slope:+.4f} [{low:+.4f}, {high:+.4f}]"
+        return f"slope {slope:+.4f} per version [{low:+.4f}, {high:+.4f}], {n} runs", float(one_sided), estimate
     if p.kind == "welch":
         a, b = (_m(c[cell]) for cell in p.cells)
         diff, low, high = stats.welch_difference(a, b)
         one_sided = float(scipy_stats.ttest_ind(a, b, equal_var=False, alternative="greater").pvalue)
-        return f"{p.cells[0]} - {p.cells[1]}: {diff:+.3f} [{low:+.3f}, {high:+.3f}]", one_sided
+        estimate = f"{diff:+.3f} [{low:+.3f}, {high:+.3f}]"
+        return f"{p.cells[0]} - {p.cells[1]}: {estimate}", one_sided, estimate
     groups = [_m(c[cell]) for pair in p.cells for cell in pair]
     d = (groups[0].mean() - groups[1].mean()) - (groups[2].mean() - groups[3].mean())
     parts = [g.var(ddof=1) / g.size for g in groups]
@@ -271,8 +289,8 @@ def _statistic(p: Prediction, c: dict[str, list[RunSummary]]) -> tuple[str, floa
     df = sum(parts) ** 2 / sum(v * v / (g.size - 1) for v, g in zip(parts, groups, strict=True))
     t = scipy_stats.t.ppf(0.975, df)
     (a, b), (x, y) = p.cells
-    return (f"({a} - {b}) - ({x} - {y}): {d:+.3f} [{d - t * se:+.3f}, {d + t * se:+.3f}]",
-            float(scipy_stats.t.sf(d / se, df)))
+    estimate = f"{d:+.3f} [{d - t * se:+.3f}, {d + t * se:+.3f}]"
+    return f"({a} - {b}) - ({x} - {y}): {estimate}", float(scipy_stats.t.sf(d / se, df)), estimate
 
 
 def _point(p: Prediction, c: dict[str, list[RunSummary]], falls: dict[str, bool], by_name: dict[str, RunData]
@@ -343,28 +361,30 @@ def decide(spec: Spec, summaries: Sequence[RunSummary], runs: Sequence[RunData] 
                            "pending" if any(v in ("pending", "not run") for v in parts) else "held")
                 if verdict != "pending" and any("interim" in v for v in parts):
                     verdict += " (interim)"
-                decided[p.name] = Outcome(p.name, p.claim, "all of " + ", ".join(p.cells), math.nan, math.nan, verdict)
+                decided[p.name] = Outcome(p.name, p.claim, "all of " + ", ".join(p.cells), math.nan, math.nan, verdict,
+                                          p.kind)
             elif p.gate is not None and decided[p.gate].verdict == "failed":
-                decided[p.name] = Outcome(p.name, p.claim, f"the gate {p.gate} failed", math.nan, math.nan, "not run")
+                decided[p.name] = Outcome(p.name, p.claim, f"the gate {p.gate} failed", math.nan, math.nan, "not run",
+                                          p.kind)
             elif (why := _pending(p, c)) is not None:
-                decided[p.name] = Outcome(p.name, p.claim, why, math.nan, math.nan, "pending")
+                decided[p.name] = Outcome(p.name, p.claim, why, math.nan, math.nan, "pending", p.kind)
             elif p.kind in TESTS:
-                text, p_value = _statistic(p, c)
-                tested.append((p, text, p_value))
-                decided[p.name] = Outcome(p.name, p.claim, text, p_value, math.nan, "")
+                text, p_value, estimate = _statistic(p, c)
+                tested.append((p, text, p_value, estimate))
+                decided[p.name] = Outcome(p.name, p.claim, text, p_value, math.nan, "", p.kind, estimate)
             else:
                 text, holds = _point(p, c, falls, by_name)
                 verdict = ("held" if holds else "failed") + (" (interim)" if _interim(spec, p, c) else "")
-                decided[p.name] = Outcome(p.name, p.claim, text, math.nan, math.nan, verdict)
+                decided[p.name] = Outcome(p.name, p.claim, text, math.nan, math.nan, verdict, p.kind)
         # Holm over the tests decided so far, and the tests still pending in the family (they would count in m)
         waiting = sum(1 for p in family.predictions if p.kind in TESTS and decided[p.name].verdict == "pending")
-        adjusted = stats.holm([p_value for _, _, p_value in tested])
-        for (p, text, p_value), p_adj in zip(tested, adjusted, strict=True):
+        adjusted = stats.holm([p_value for _, _, p_value, _ in tested])
+        for (p, text, p_value, estimate), p_adj in zip(tested, adjusted, strict=True):
             deciding = p_adj if spec.decide_on == "holm" else p_value
             verdict = "held" if deciding < spec.alpha else "failed"
             if _interim(spec, p, c) or (spec.decide_on == "holm" and waiting):
                 verdict += " (interim)"
-            decided[p.name] = Outcome(p.name, p.claim, text, p_value, p_adj, verdict)
+            decided[p.name] = Outcome(p.name, p.claim, text, p_value, p_adj, verdict, p.kind, estimate)
         out += [decided[p.name] for p in family.predictions]
     return out
 
@@ -397,13 +417,17 @@ def cell_lines(spec: Spec, runs: Sequence[RunData], summaries: Sequence[RunSumma
 
 
 def registered_section(spec: Spec, runs: Sequence[RunData], summaries: Sequence[RunSummary]) -> list[str]:
-    """The report's section for ``spec``: its cells, then each prediction's statistic, p, Holm p and verdict."""
+    """The report's section for ``spec``: its cells, then each prediction's statistic, p, Holm p, verdict and the
+    words its rule allows a text to use of it (:attr:`Outcome.words`)."""
     outcomes = decide(spec, summaries, runs)
-    rule = ("Holm-adjusted one-sided p within each family" if spec.decide_on == "holm" else "one-sided p")
+    rule = ("Holm-adjusted one-sided p within each family" if spec.decide_on == "holm" else
+            "one-sided p itself (Holm's adjustment within each family shown beside it, deciding nothing)")
     lines = ["", f"## Registered predictions: {spec.name}", "",
-             f"Seeds {', '.join(map(str, spec.seeds))}; a prediction holds if its {rule} is below {spec.alpha:g}.",
+             f"Seeds {', '.join(map(str, spec.seeds))}; a test holds if its {rule} is below {spec.alpha:g}, a goal "
+             "on its point values. \"may be written\": the words the verdict allows (held: shown, or met; failed: "
+             "not shown with the estimate and its interval, or not met).",
              "", *cell_lines(spec, runs, summaries), ""]
-    lines += table(["", "prediction", "statistic", "p", "Holm p", "verdict"],
+    lines += table(["", "prediction", "statistic", "p", "Holm p", "verdict", "may be written"],
                    [[o.name, o.claim, o.statistic, f"{o.p:.3f}" if math.isfinite(o.p) else "",
-                     f"{o.p_holm:.3f}" if math.isfinite(o.p_holm) else "", o.verdict] for o in outcomes])
+                     f"{o.p_holm:.3f}" if math.isfinite(o.p_holm) else "", o.verdict, o.words] for o in outcomes])
     return lines
