@@ -5,7 +5,7 @@ everything about individual trajectories is modelled, not measured (said where i
 
 1. per study cell and lag: the token-weighted mean k3 KL(mu || pi_old) per token, its 90th percentile over steps,
    the lag's share of the trained tokens and of the summed |advantage|, the share of tokens outside the clip band;
-2. the same KL for runs that fell and runs that did not (unbounded and k = 4 cells only);
+2. the same KL for unbounded runs that fell and unbounded runs that did not;
 3. the KL by lag at the two Sokoban step sizes (does KL follow age x step size?);
 4. the masked share of negative-advantage trajectories that OPSM would give per lag for a few deltas, under a model:
    a trajectory's mean log(mu / pi_old) D ~ Normal(KL_s, 2 KL_s / L) (second order: E[d] = KL ~ Var(d) / 2; tokens
@@ -69,6 +69,9 @@ def load() -> tuple[pd.DataFrame, pd.DataFrame]:
                 continue
             n = np.array([r[f"lag/{s}/tokens"] for r in rows])
             kl = np.array([r[f"lag/{s}/k3_kl"] for r in rows])
+            # before the fall (the whole run if it never fell): what a threshold would have seen in time
+            before = np.array([fall.fell is None or r["learner/step"] < fall.fell for r in rows])
+            n_before = n[before].sum()
             lag_rows.append({"cell": cell, "task": task, "lr": lr, "k": k, "run": name, "lag": s,
                              "tokens": n.sum(), "token_share": n.sum() / total_tokens,
                              "kl": float((kl * n).sum() / n.sum()), "kl_p90": float(np.percentile(kl, 90)),
@@ -76,7 +79,9 @@ def load() -> tuple[pd.DataFrame, pd.DataFrame]:
                              "adv_share": sum(r[f"lag/{s}/adv_share"] for r in rows) / len(train),
                              "outside_clip": float((np.array([r[f"lag/{s}/is_outside_clip"] for r in rows]) * n).sum()
                                                    / n.sum()),
-                             "tokens_per_traj": tokens_per_traj, "fell": fall.fell is not None})
+                             "tokens_per_traj": tokens_per_traj, "fell": fall.fell is not None,
+                             "tokens_before": n_before,
+                             "kl_before": float((kl * n)[before].sum() / n_before) if n_before else np.nan})
     return pd.DataFrame(lag_rows), pd.DataFrame(run_rows)
 
 
@@ -114,13 +119,21 @@ def main() -> None:
     print("\n   share of tokens whose weight pi_old/mu leaves [0.8, 1.28] (unbounded and k4 cells)")
     print(t1[t1.k.isin(["k4", "kinf"])].pivot_table(index=["cell", "k"], columns="lag", values="outside_clip",
                                                      observed=True).to_string())
-    print("\n2. KL by lag, runs that fell vs not (k4 and kinf cells, per task and lr)")
-    stale = lags[lags.k.isin(["k4", "kinf"])]
+    print("\n2. KL by lag, unbounded runs that fell vs not (per task and lr)")
+    stale = lags[lags.k == "kinf"]
     t2 = pooled(stale, ["task", "lr", "fell", "lag"])
     print(t2.pivot_table(index=["task", "lr", "fell"], columns="lag", values="kl", observed=True).to_string())
-    print("\n3. Sokoban KL by lag and step size (all stale cells, both level sets)")
-    sok = pooled(lags[lags.task == "Sokoban"], ["lr", "lag"])
-    print(sok.pivot_table(index="lr", columns="lag", values="kl", observed=True).to_string())
+    print("\n   the same before each fall (steps before the first validation below the line)")
+    before = stale.dropna(subset=["kl_before"])
+    before = before.assign(w=before.kl_before * before.tokens_before).groupby(["task", "lr", "fell", "lag"],
+                                                                              observed=True)
+    t2b = (before.w.sum() / before.tokens_before.sum()).rename("kl").reset_index()
+    print(t2b.pivot_table(index=["task", "lr", "fell"], columns="lag", values="kl", observed=True).to_string())
+    print("\n3. Sokoban KL by lag and step size (both level sets; unbounded, then bounded cells)")
+    sok = lags[lags.task == "Sokoban"]
+    for label, cells in (("kinf", sok[sok.k == "kinf"]), ("k2/k4", sok[sok.k.isin(["k2", "k4"])])):
+        t3 = pooled(cells, ["lr", "lag"]).assign(k=label)
+        print(t3.pivot_table(index=["k", "lr"], columns="lag", values="kl", observed=True).to_string())
     print("\n4. modelled OPSM masked share of negative trajectories per lag (unbounded cells, pooled KL)")
     for (task, lr), cell in lags[lags.k == "kinf"].groupby(["task", "lr"]):
         length = runs[(runs.task == task) & (runs.lr == lr)].tokens_per_traj.mean()
