@@ -282,3 +282,16 @@ def test_lag_metrics_of_truncating_weights() -> None:
     assert out["lag/4/corr_truncated"] == pytest.approx(2 / 3)
     assert out["lag/4/corr_ess"] == pytest.approx(4 / 4.5)
     assert out["lag/4/corr_masked"] == 0.0 and out["lag/4/corr_masked_seqs"] == 0.0
+
+
+def test_the_functions_defaults_are_the_configs() -> None:
+    """A caller that leaves a bound out gets what a config that leaves it out gets."""
+    import inspect
+
+    from ragen_async.config import AlgoConfig
+
+    cfg = AlgoConfig()
+    for fn in (policy_loss, off_policy_correction):
+        params = inspect.signature(fn).parameters
+        for key in ("is_cap", "opsm_delta", "geo_cap", "age_tau", "age_negatives_only"):
+            assert params[key].default == getattr(cfg, key), (fn.__name__, key)
