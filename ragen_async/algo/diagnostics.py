@@ -55,7 +55,8 @@ def approx_kl_k3(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor
 
 
 LAG_SUMS = ("tokens", "k3", "is_w", "is_w2", "outside_clip", "abs_adv", "trajectories", "reward", "success",
-            "corr_w", "corr_w2", "corr_masked", "corr_truncated", "corr_masked_trajectories")
+            "corr_w", "corr_w2", "corr_masked", "corr_truncated", "corr_masked_trajectories",
+            "corr_truncated_trajectories")
 """The per-staleness-bucket sums :func:`lag_sums` returns (rows of its [len(LAG_SUMS), K] tensor)."""
 
 
@@ -82,7 +83,7 @@ def lag_sums(
     *outside the clip* when it leaves ``[1 - clip_low, 1 + clip_high]``. Sums, not means, so ranks can
     all-reduce them. ``correction`` (:func:`~ragen_async.algo.corrections.off_policy_correction` on the
     same tokens) adds what it did: per token its weight, the weight squared, masked and truncated tokens; per
-    trajectory whether any of its tokens was masked (without it: weight 1, nothing masked). Returns float64
+    trajectory whether any of its tokens was masked, and truncated (without it: weight 1, nothing masked). Returns float64
     [len(LAG_SUMS), K].
     """
     trained = mask > 0
@@ -113,6 +114,7 @@ def lag_sums(
     for r, values in enumerate(corr_rows, start=9):
         out[r].index_add_(0, flat_idx, values.reshape(-1))
     out[13].index_add_(0, oldest, (masked.sum(dim=1) > 0).double() * t)
+    out[14].index_add_(0, oldest, (truncated.sum(dim=1) > 0).double() * t)
     return out
 
 
@@ -127,9 +129,9 @@ def lag_metrics(sums: list[list[float]], prefix: str = "lag", correction: bool =
     acted), per bucket with tokens ``corr_masked`` / ``corr_truncated`` (share of its tokens whose loss the
     correction removed / whose weight it reduced), ``corr_weight`` (mean applied weight) and ``corr_ess``
     (the applied weights' effective sample size over the token count: (sum w)^2 / (n sum w^2), the kept share
-    for a 0/1 mask, 0 when every token is masked); per bucket with trajectories ``corr_masked_seqs`` (share
-    of them with a masked token); and the same over all lags as ``correction/masked``, ``correction/truncated``,
-    ``correction/weight``, ``correction/ess``, ``correction/masked_seqs``."""
+    for a 0/1 mask, 0 when every token is masked); per bucket with trajectories ``corr_masked_seqs`` /
+    ``corr_truncated_seqs`` (share of them with a masked / truncated token); and the same over all lags as
+    ``correction/masked``, ``truncated``, ``weight``, ``ess``, ``masked_seqs``, ``truncated_seqs``."""
     rows = dict(zip(LAG_SUMS, sums, strict=True))
     total_adv = sum(rows["abs_adv"])
     n_all = sum(rows["tokens"])
@@ -169,4 +171,5 @@ def _correction_metrics(rows: dict[str, list[float]], prefix: str, n: float, n_t
         out[f"{prefix}ess"] = w * w / (w2 * n) if w2 > 0 else 0.0
     if n_traj > 0:
         out[f"{prefix}masked_seqs"] = pick(rows["corr_masked_trajectories"]) / n_traj
+        out[f"{prefix}truncated_seqs"] = pick(rows["corr_truncated_trajectories"]) / n_traj
     return out

@@ -258,6 +258,7 @@ def test_lag_metrics_report_what_the_correction_did_per_lag() -> None:
     assert out["lag/4/corr_weight"] == pytest.approx(1 / 3)
     assert out["lag/4/corr_ess"] == pytest.approx(1 / 3)  # (0 + 0 + 1)^2 / (3 * 1): the kept share
     assert out["lag/4/corr_masked_seqs"] == 1.0  # row 0 (its oldest token is at lag 4) lost tokens
+    assert out["lag/4/corr_truncated_seqs"] == 0.0
     # lags 1 and 2: row 1, untouched; its trajectory sits at its oldest token's lag, 2
     assert out["lag/1/corr_masked"] == 0.0 and out["lag/1/corr_ess"] == 1.0
     assert out["lag/2/corr_masked_seqs"] == 0.0 and "lag/1/corr_masked_seqs" not in out
@@ -282,6 +283,8 @@ def test_lag_metrics_of_truncating_weights() -> None:
     assert out["lag/4/corr_truncated"] == pytest.approx(2 / 3)
     assert out["lag/4/corr_ess"] == pytest.approx(4 / 4.5)
     assert out["lag/4/corr_masked"] == 0.0 and out["lag/4/corr_masked_seqs"] == 0.0
+    assert out["lag/4/corr_truncated_seqs"] == 1.0 and out["lag/2/corr_truncated_seqs"] == 0.0  # row 0, row 1
+    assert out["correction/truncated_seqs"] == 0.5
 
 
 def test_the_functions_defaults_are_the_configs() -> None:

@@ -88,6 +88,7 @@ def test_stale_negatives_are_masked_or_weighted_through_the_learner(tiny_model_p
         assert metrics["lag/5/corr_ess"] == pytest.approx(sw * sw / (sw2 * stale_tokens))
         assert metrics["lag/5/corr_masked"] == 0.0 and metrics["lag/5/corr_masked_seqs"] == 0.0
         assert metrics["correction/truncated"] == pytest.approx(hit_tokens / tokens.sum())
+        assert metrics["lag/5/corr_truncated_seqs"] == pytest.approx(len(stale_negative) / 8)
     assert metrics["lag/0/corr_masked"] == 0.0 and metrics["lag/0/corr_truncated"] == 0.0
     assert metrics["lag/0/corr_ess"] == 1.0 and metrics["lag/0/corr_masked_seqs"] == 0.0
     # Without a correction nothing about one is logged (and the stale negatives were trained on as they were).
