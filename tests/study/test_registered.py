@@ -113,6 +113,8 @@ def test_the_new_level_spec_reads_and_the_report_prints_its_section(tmp_path, ma
     text = (tmp_path / "out" / "report.md").read_text()
     assert "## Registered predictions: New levels" in text and "| N3 |" in text and "pending" in text
     assert "| verdict | may be written |" in text and "| pending | not decided |" in text
+    assert "N1: held (interim); may be written: not decided" in report.verdicts  # Holm waits for N4, N6 (pending)
+    assert [line.split(":")[0] for line in report.verdicts][:3] == ["N1", "N2", "N3"]
     assert "## Registered predictions: The KL-target" in text and "| Ga |" in text
     assert report.summaries
 

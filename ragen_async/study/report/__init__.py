@@ -48,7 +48,7 @@ from pathlib import Path
 
 from ragen_async.study.report import drops, headline, tables
 from ragen_async.study.report.figures import plot_cells, plot_curves, plot_lag_sensitivity, plot_staleness_summary
-from ragen_async.study.report.registered import SpecError, load_spec, registered_section
+from ragen_async.study.report.registered import SpecError, decide, load_spec, registered_section
 from ragen_async.study.report.runs import (
     MISSING,
     REFERENCE_COLUMNS,
@@ -75,6 +75,8 @@ class Report:
     warnings: list[str]
     drops: list[str] = field(default_factory=list)
     """One line per cell that dropped groups (the drops section's figures), for the console."""
+    verdicts: list[str] = field(default_factory=list)
+    """With ``registered``: one line per prediction, its verdict and the words its rule allows, for the console."""
 
 
 def read_runs(paths: Sequence[str | Path]) -> tuple[list[RunData], list[RunSummary], list[str]]:
@@ -166,8 +168,10 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
     lines += headline.step_size_section(summaries)
     lines += tables.equal_time_section(runs, summaries, throughput or {})
     lines += headline.speed_section(summaries, throughput or {})
+    verdicts = []
     for spec in specs:
         lines += [*registered_section(spec, runs, summaries), ""]
+        verdicts += [f"{o.name}: {o.verdict}; may be written: {o.words}" for o in decide(spec, summaries, runs)]
     if plots:
         lines += ["## Curves", ""]
         lines += [f"![{p.stem}]({p.name})" for p in plots if p.name.startswith("curves_")]
@@ -194,4 +198,4 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         writer.writerows(rows)
-    return Report(markdown, csv_path, plots, summaries, warnings, drop_console)
+    return Report(markdown, csv_path, plots, summaries, warnings, drop_console, verdicts)

@@ -17,7 +17,7 @@ from ragen_async.study.report.summary import RunSummary
 from ragen_async.study.report.tables import fmt, table
 
 SPEED_FROM_K = 2
-"""The speed line compares the bounds from this k on (the answer's choice, k = 2 to 4, and above) with k = 0."""
+"""The speed line compares the bounds from this k on with k = 0."""
 
 
 def _lr(lr: float) -> str:
