@@ -48,8 +48,8 @@ def test_default_build_has_no_bandit_lean(tiny_model_dir):
     from tests.tinymodel.conftest import is_default_build
 
     if not is_default_build(tiny_model_dir):
-        pytest.skip("the session's model is a quick build: the shipped one is not the current default build "
-                    "(test_shipped.py fails and says how to rebuild it)")
+        pytest.skip("the session's model is a quick build: RAGEN_TINYMODEL_FRESH_BUILD=1, or the shipped one is not "
+                    "the current default build (test_shipped.py then fails and says how to rebuild it)")
     arms = arm_probabilities(tiny_model_dir)
     assert 0.45 <= arms["p_best_arm"] <= 0.55, arms
     assert arms["scored_mass"] > 0.8, arms
