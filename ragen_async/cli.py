@@ -830,6 +830,8 @@ def report(
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     for line in result.drops:
         console.print(line, highlight=False, markup=False)
+    for line in result.verdicts:
+        console.print(line, highlight=False, markup=False)
     console.print(f"{len(result.summaries)} runs, {len(result.plots)} plots")
     print(result.markdown)
 

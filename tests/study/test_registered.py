@@ -184,3 +184,15 @@ def test_the_confirmation_as_data_gives_every_published_verdict_and_p():
     assert {name: got[name].verdict for name in CONFIRMED} == CONFIRMED
     for name, (p, p_holm) in CONFIRMED_P.items():
         assert (round(got[name].p, 4), round(got[name].p_holm, 4)) == (p, p_holm), name
+
+
+def test_report_command_prints_each_prediction_and_its_words(tmp_path, make_run):
+    from typer.testing import CliRunner
+
+    from ragen_async.cli import app
+
+    _runs(tmp_path / "runs", make_run, LEVELS)
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "runs"), "--out", str(tmp_path / "out"),
+                                      "--registered", str(REPO / "studies/newlevels/predictions.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "N1: held (interim); may be written: not decided" in result.output
