@@ -23,12 +23,12 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# The tiny model is in the repository ($(MODEL), about 3.7 MB; its build_info.json says what it was built from, by
-# which command, at which commit and on which CPU). `make model` checks it in seconds: its files, its weights against
-# the recorded digest, and that the current code would build it (cache key and build code; the suite also rebuilds
-# its tokenizer and SFT data and compares, tests/tinymodel/test_shipped.py). After changing the envs, the prompts, the
-# corpus, the tokenizer or the build, `make model-build` rebuilds it (3 to 7 minutes on 2 cores, docs/results.md,
-# "The base model"; its bits depend on the CPU): commit it with the change.
+# The tiny model is in the repository ($(MODEL), 3.6 MB; its build_info.json says what it was built from, by which
+# command, at which commit and on which CPU). `make model` checks it in seconds: its files, its weights against the
+# recorded digest, and that the current code would build it (cache key and build code; the suite also rebuilds its
+# tokenizer and SFT data and compares, tests/tinymodel/test_shipped.py). After changing the envs, the prompts, the
+# corpus, the tokenizer or the build, `make model-build` rebuilds it (3 to 7 minutes on 2 cores, 14 beside other
+# jobs: docs/results.md, "The base model"; its bits depend on the CPU): commit it with the change.
 model: $(STAMP)
 	@$(STAGE) "model check ($(MODEL), in the repository)" $(LOGS)/model.log $(PY) -m ragen_async.tinymodel.shipped $(MODEL)
 

@@ -1,6 +1,6 @@
 """The tiny model in the repository, and the check that it is what the current code would build.
 
-``artifacts/tiny-model`` is tracked by git (about 3.7 MB): a fresh clone trains, tests and demos on it without
+``artifacts/tiny-model`` is tracked by git (3.6 MB): a fresh clone trains, tests and demos on it without
 building it, and every machine runs the same weights (a build's bits depend on the CPU that runs it). Its
 ``build_info.json`` says what it was built from (the cache key: build config, seed, format version, env text; and
 ``inputs``: the digests of its tokenizer corpus, tokenizer, SFT data and build code, :mod:`.inputs`), by which
