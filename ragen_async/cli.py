@@ -677,6 +677,7 @@ def bench_peer_cmd(
         help="validation levels per environment after the last step (0: no validation)")] = 128,
     fixed_lag: Annotated[bool, typer.Option(help="our bounded k >= 1 as fixed lags (engines always at v - k)")] = False,
     model: Annotated[str, typer.Option(help="the model both sides train")] = "artifacts/tiny-model",
+    run_root: Annotated[str, typer.Option(help="where our runs' directories go")] = "runs",
     out: Annotated[Path | None, typer.Option(help="append the tables to this markdown file")] = None,
     csv: Annotated[Path | None, typer.Option(help="write every step of every run here (CSV)")] = None,
 ) -> None:
@@ -707,7 +708,7 @@ def bench_peer_cmd(
               f"{s['age_mean']:.2f} max {s['age_max']:.0f}", flush=True)
 
     runs = bench_peer(envs, ks, reuses, seeds, steps, model=model, val_episodes=val_episodes, fixed_lag=fixed_lag,
-                      on_run=progress)
+                      run_root=run_root, on_run=progress)
     curve, verdict = curve_comparison(runs, "bandit")
     note = (f"both sides: {model}, GRPO (group mean/std), no critic, no KL, no std filter, clip 0.2/0.28, dual clip "
             f"3 (TRL delta), token-mean (TRL bnpo), entropy bonus and learning rate of the environment's tiny config, "

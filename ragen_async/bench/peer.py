@@ -113,8 +113,16 @@ class PeerRun:
     val_s: float = 0.0
     steps: list[StepRow] = field(default_factory=list)
 
+    def measured(self, warmup: int) -> list[StepRow]:
+        """The steps the rates are taken over: after ``warmup``; on TRL's side from its first generation step
+        from there, so that a window holds whole generation batches (with ``steps`` a multiple of the reuse)."""
+        start = warmup
+        if self.side == "trl":
+            start = next((i for i in range(warmup, len(self.steps)) if self.steps[i].age_max == 0), warmup)
+        return self.steps[start:] or self.steps
+
     def summary(self, warmup: int) -> dict[str, Any]:
-        measured = self.steps[warmup:] or self.steps
+        measured = self.measured(warmup)
         t = sum(s.step_s for s in measured)
         train = sum(s.train_s for s in measured)
 
