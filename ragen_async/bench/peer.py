@@ -6,7 +6,7 @@ plays ``assign_group(i)``, as our rollout workers do), with the same algorithm s
 (:func:`our_config`): GRPO advantages (group mean / std), no critic, no KL term, no std filter (TRL has none), PPO
 clip 0.2 / 0.28 with dual clip c = 3 (TRL's two-sided clip ``delta``), the entropy bonus, token-mean aggregation
 (TRL's ``bnpo``: the same number with one optimizer step a batch), the learning rate, AdamW's betas and weight decay,
-gradient clipping, the sampling temperature, the group size, groups per step, tokens per turn and one optimizer
+gradient clipping, activation checkpointing (off; TRL's default is on), the sampling temperature, the group size, groups per step, tokens per turn and one optimizer
 pass per step at a constant learning rate. tests/algo/test_algo_trl_grpo.py checks that the two losses and
 advantages agree on identical inputs.
 
@@ -352,6 +352,7 @@ def trl_args(cfg: RunConfig, reuse: int, out_dir: str) -> dict[str, Any]:
         beta=0.0, epsilon=a.clip_eps_low, epsilon_high=a.clip_eps_high, delta=a.dual_clip_c, loss_type="bnpo",
         scale_rewards="group", entropy_coef=a.entropy_coef, importance_sampling_level="token",
         model_init_kwargs={"dtype": cfg.model.dtype}, bf16=False, fp16=False, disable_dropout=True,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,  # TRL's default is on, ours off
         remove_unused_columns=False, dataloader_num_workers=0,
     )
 

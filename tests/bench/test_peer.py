@@ -45,6 +45,7 @@ def test_both_sides_read_one_surface():
     assert (args["entropy_coef"], args["weight_decay"], args["max_grad_norm"], args["steps_per_generation"],
             args["gradient_accumulation_steps"], args["lr_scheduler_type"]) == (
         cfg.algo.entropy_coef, cfg.learner.weight_decay, cfg.learner.grad_clip, 3, 1, "constant")
+    assert args["gradient_checkpointing"] is cfg.model.gradient_checkpointing is False
 
 
 def test_trls_turns_go_to_one_generation_call_per_round():
