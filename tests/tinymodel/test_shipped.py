@@ -37,7 +37,7 @@ def test_the_shipped_model_is_what_the_current_code_builds():
     info = build.read_build_info(SHIPPED)
     assert info["seed"] == shipped.SHIPPED_SEED and info["config"] == build.TinyModelConfig().to_dict()
     # where and how it was built
-    assert info["command"].startswith("ragen-async make-model") and info["machine"]["cpu"]
+    assert "make-model" in info["command"] and info["git_commit"] and info["machine"]["cpu"]
 
 
 @pytest.fixture
