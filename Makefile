@@ -105,4 +105,5 @@ lint: $(STAMP)
 	$(VENV)/bin/shellcheck launchers/*.sh slurm/*.sbatch scripts/*.sh
 
 clean:
-	rm -rf $(VENV) artifacts runs
+	rm -rf $(VENV) runs
+	find artifacts -mindepth 1 -maxdepth 1 ! -name tiny-model -exec rm -rf {} +  # the shipped tiny model stays

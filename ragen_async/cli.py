@@ -287,8 +287,9 @@ def make_model(
     checkpoints: Annotated[bool, typer.Option(help="--warm-start: also save every tenth of the SFT steps "
                                               "to OUT.checkpoints/step-N")] = False,
 ) -> None:
-    """Build (once) the tiny Qwen2 model and tokenizer used on CPU, then print its base-policy numbers;
-    or, with --warm-start, an ε-noisy-oracle warm start from it."""
+    """Build the tiny Qwen2 model and tokenizer used on CPU (the repository ships one in artifacts/tiny-model:
+    rebuild it with --force after changing the environments, the tokenizer or the build, and commit it), then print
+    its base-policy numbers; or, with --warm-start, an ε-noisy-oracle warm start from it."""
     _setup_logging()
     if warm_start is not None:
         from ragen_async.tinymodel.warmstart import WARM_STARTS, ensure_warm_start

@@ -151,7 +151,7 @@ def ensure_shape_model(out: Path, layers: int, vocab: int, seed: int = 0, source
     reused when a complete build with the same key is there, else built. Returns (path, seconds, built)."""
     t0 = time.perf_counter()
     if not (source / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"no tokenizer at {source}: run `make model` first (the project's tokenizer)")
+        raise FileNotFoundError(f"no tokenizer at {source}: the project's tokenizer ships in artifacts/tiny-model (`git checkout artifacts/tiny-model`)")
     key = build_key(layers, vocab, seed, source)
     info_path = out / BUILD_INFO
     if not force and info_path.is_file():

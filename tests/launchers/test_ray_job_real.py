@@ -148,7 +148,7 @@ def start_head(temp_dir: str, env: dict[str, str], attempt: int) -> tuple[int, s
 @pytest.fixture(scope="module")
 def cluster():
     if not (MODEL / "config.json").is_file():
-        pytest.skip(f"{MODEL} is not built (`make model` / `ragen-async make-model` builds it)")
+        pytest.fail(f"{MODEL} is missing: it is shipped in the repository (`git checkout {MODEL}`)")
     if not (BIN / "ray").is_file():
         pytest.skip(f"no ray CLI next to {sys.executable}")
     pytest.importorskip("ray.dashboard.modules.job.sdk", reason="needs ray[default] (the dashboard's Jobs API)")
