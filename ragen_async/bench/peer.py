@@ -78,7 +78,8 @@ class StepRow:
 
     step: int
     success: float
-    """Share of the episodes this step trained on that succeeded (played by the behaviour policy)."""
+    """Share of the episodes this step trained on that succeeded (played by the behaviour policy); on TRL's side with
+    reuse > 1, of the whole generation batch its steps share (TRL shuffles the batch before splitting it)."""
     episodes: int
     """Episodes trained on."""
     generated_tokens: int
