@@ -90,7 +90,7 @@ def test_a_cell_without_two_runs_is_pending_and_one_without_three_interim(tmp_pa
     ({"families": [{"task": "SimpleSokoban", "predictions": [
         {"name": "G", "age_at_least": ["1e-4/adaptive", "1e-4/kinf"]}]}]}, "age_at_least takes [cell, of, fraction > 0]"),
     ({"families": [{"task": "SimpleSokoban", "predictions": [{"name": "G", "all_of": ["N9"]}]}]},
-     "all_of names no earlier prediction of its family: N9"),
+     "all_of names no earlier prediction of the spec: N9"),
     ({"families": [{"task": "SimpleSokoban", "predictions": [
         {"name": "N1", "slope": ["1e-4/k0", "1e-4/k2"]}, {"name": "N1", "slope": ["1e-4/k0", "1e-4/k2"]}]}]},
      "unique name"),
@@ -196,3 +196,144 @@ def test_report_command_prints_each_prediction_and_its_words(tmp_path, make_run)
                                       "--registered", str(REPO / "studies/newlevels/predictions.yaml")])
     assert result.exit_code == 0, result.output
     assert "N1: held (interim); may be written: not decided" in result.output
+
+
+# ---------------------------------------------------------------- corrections: cells keyed by correction, new goals
+CORR_SEEDS = (9, 10, 11, 12, 13)
+CORR_SPEC = {"name": "corrections", "seeds": list(CORR_SEEDS), "alpha": 0.05, "decide_on": "holm", "families": [
+    {"name": "Sokoban", "task": "SimpleSokoban", "floor": 0.215, "predictions": [
+        {"name": "X1", "claim": "no fall", "no_falls": "2e-4/kinf/opsm"},
+        {"name": "X2", "claim": "M within 0.02 of k0", "mean_at_least": ["2e-4/kinf/opsm", "2e-4/k0", 0.02]},
+        {"name": "X3", "claim": "above uncorrected", "welch": ["2e-4/kinf/opsm", "2e-4/kinf"]},
+        {"name": "X4", "claim": "age", "age_at_least": ["2e-4/kinf/opsm", 5]},
+        {"name": "X5", "claim": "no drop", "drops_at_most": ["2e-4/kinf/opsm", 0]},
+        {"name": "X", "claim": "all", "all_of": ["X1", "X2", "X3", "X4", "X5"]},
+        {"name": "Y2", "claim": "M within 0.02 of k0", "mean_at_least": ["2e-4/kinf/age", "2e-4/k0", 0.02]},
+        {"name": "Y3", "claim": "above uncorrected", "welch": ["2e-4/kinf/age", "2e-4/kinf"]},
+        {"name": "Y4", "claim": "age", "age_at_least": ["2e-4/kinf/age", 5]},
+        {"name": "Y5", "claim": "no drop", "drops_at_most": ["2e-4/kinf/age", 0]},
+        {"name": "Y", "claim": "all", "all_of": ["Y2", "Y3", "Y4", "Y5"]},
+        {"name": "S", "claim": "speed", "ratio_of": [["2e-4/kinf/opsm"], ["2e-4/k0"]]}]},
+    {"name": "SmallCountdown", "task": "SmallCountdown", "floor": 0.0, "predictions": [
+        {"name": "Z3", "claim": "above uncorrected", "welch": ["1e-4/kinf/opsm", "1e-4/kinf"]},
+        {"name": "G", "claim": "both tasks", "all_of": ["X", "Z3"]}]}]}
+
+
+def _corr_runs(root, make_run, task, lr, levels, *, dropped=None, spread=0.005, seeds=CORR_SEEDS):
+    """Runs of ``task`` at ``lr``: ``levels`` maps a cell (``k0``, ``kinf``, ``kinf/opsm``, ...) to (M, Age, the seed
+    that falls or None); ``dropped``: (cell, seed) of a run that dropped one of its groups."""
+    for cell, (level, age, fall_seed) in levels.items():
+        bound, *correction = cell.split("/")
+        k = 0 if bound == "k0" else None
+        for seed in seeds:
+            falls = seed == fall_seed
+            drop = 1.0 if dropped == (cell, seed) else 0.0
+            extra = {step: {"staleness/mean": age, "rollout/groups": 8.0, "throughput/groups_per_s": 2.0 + (k is None) + 0.01 * (seed - 11),
+                            "staleness/dropped_groups": drop * (step == 1),
+                            "lag/0/tokens": 100.0, "lag/8+/tokens": 300.0 * (k is None),
+                            "lag/0/corr_masked": 0.0, "lag/8+/corr_masked": 0.5, "lag/0/corr_truncated": 0.0,
+                            "lag/8+/corr_truncated": 0.0} for step in range(1, 21)}
+            make_run(root / f"{task}-{cell.replace('/', '-')}-s{seed}", k=k, seed=seed, envs=(task,), extra=extra,
+                     off_policy=correction[0] if correction else "none",
+                     val_curve=lambda step, total, v=level + spread * (seed - 11), f=falls:
+                         0.36 if step == 0 else (0.0 if f and step >= 10 else v),
+                     config={"staleness": {"max_staleness": k}, "learner": {"actor_lr": lr}})
+
+
+SOKOBAN_MET = {"k0": (0.42, 0.0, None), "kinf": (0.30, 9.0, 12), "kinf/opsm": (0.405, 8.5, None),
+               "kinf/age": (0.395, 4.5, None)}
+COUNTDOWN_MET = {"k0": (0.10, 0.0, None), "kinf": (0.07, 19.0, None), "kinf/opsm": (0.095, 18.0, None)}
+
+
+def test_cells_are_keyed_by_correction_and_the_new_goals_hold_or_fail_on_their_figures(tmp_path, make_run):
+    _corr_runs(tmp_path / "r", make_run, "SimpleSokoban", 2e-4, SOKOBAN_MET, dropped=("kinf/age", 10))
+    _corr_runs(tmp_path / "r", make_run, "SmallCountdown", 1e-4, COUNTDOWN_MET)
+    runs, summaries = _read(tmp_path / "r")
+    spec = _spec(tmp_path, CORR_SPEC)
+    from ragen_async.study.report.registered import cells
+
+    by_cell = cells(spec, spec.families[0], summaries)
+    assert {c: len(m) for c, m in by_cell.items()} == {"2e-4/k0": 5, "2e-4/kinf": 5, "2e-4/kinf/age": 5,
+                                                        "2e-4/kinf/opsm": 5}
+    assert {s.off_policy for s in by_cell["2e-4/kinf"]} == {"none"}  # a corrected run is not the uncorrected cell's
+    got = {o.name: o for o in decide(spec, summaries, runs)}
+    # opsm: 0.405 >= 0.42 - 0.02, Age 8.5 >= 5, nothing dropped, above uncorrected: met
+    assert {n: got[n].verdict for n in ("X1", "X2", "X3", "X4", "X5", "X")} == {n: "held" for n in
+                                                                                 ("X1", "X2", "X3", "X4", "X5", "X")}
+    assert got["X2"].statistic == "M 2e-4/kinf/opsm 0.405 against 2e-4/k0 0.420 - 0.02 = 0.400"
+    assert got["X4"].statistic == "Age 2e-4/kinf/opsm 8.50 against 5 versions"
+    assert got["X5"].statistic == "2e-4/kinf/opsm: largest share dropped 0.000 (at most 0)"
+    # age: 0.395 < 0.400, Age 4.5 < 5, one group dropped: each part fails on its own figure
+    assert [got[n].verdict for n in ("Y2", "Y4", "Y5", "Y")] == ["failed"] * 4 and got["Y3"].verdict == "held"
+    assert got["Y5"].statistic.startswith("2e-4/kinf/age: largest share dropped 0.00")
+    # a goal over both tasks; the reported speed ratio decides nothing
+    assert got["G"].verdict == "held" and got["Z3"].verdict == "held"
+    assert got["S"].verdict == "reported" and got["S"].words.startswith("reported: 2e-4/kinf/opsm / 2e-4/k0: 1.50x [")
+    from ragen_async.study.report.registered import registered_section
+
+    text = "\n".join(registered_section(spec, runs, summaries))
+    assert "| Sokoban | 2e-4/kinf/opsm | 8+ | 0.750 | 0.500 | 0.000 |" in text
+    assert "| Sokoban | 2e-4/kinf/opsm | all | 1.000 | 0.375 | 0.000 |" in text
+
+
+def test_an_all_of_over_a_test_follows_the_test_s_verdict_after_holm(tmp_path, make_run):
+    """all_of used to be decided before the family's Holm step, when a test's verdict was still empty, so a failed
+    test could not fail it."""
+    levels = {"k0": (0.42, 0.0, None), "kinf": (0.40, 9.0, None)}
+    _corr_runs(tmp_path / "r", make_run, "SimpleSokoban", 2e-4, levels, spread=0.02)
+    runs, summaries = _read(tmp_path / "r")
+    spec = {**CORR_SPEC, "families": [{"name": "Sokoban", "task": "SimpleSokoban", "floor": 0.215, "predictions": [
+        {"name": "T", "claim": "unbounded above synchronous", "welch": ["2e-4/kinf", "2e-4/k0"]},
+        {"name": "U", "claim": "no fall", "no_falls": "2e-4/kinf"},
+        {"name": "G", "claim": "both", "all_of": ["T", "U"]}]}]}
+    got = {o.name: o for o in decide(_spec(tmp_path, spec), summaries, runs)}
+    assert got["T"].verdict == "failed" and got["U"].verdict == "held"
+    assert got["G"].verdict == "failed"
+
+
+def test_drops_unknown_fail_a_no_drop_goal(tmp_path, make_run):
+    levels = {"kinf/opsm": (0.40, 8.0, None)}
+    _corr_runs(tmp_path / "r", make_run, "SimpleSokoban", 2e-4, levels)
+    runs, summaries = _read(tmp_path / "r")
+    for s in summaries:
+        s.drops.clear()
+    spec = {**CORR_SPEC, "families": [{"name": "Sokoban", "task": "SimpleSokoban", "predictions": [
+        {"name": "X5", "drops_at_most": ["2e-4/kinf/opsm", 0]}]}]}
+    (got,) = decide(_spec(tmp_path, spec), summaries, runs)
+    assert got.verdict == "failed" and "unknown for" in got.statistic
+
+
+@pytest.mark.parametrize("prediction, message", [
+    ({"welch": ["2e-4/kinf/opsmx", "2e-4/kinf"]}, "the correction is one of tis, decoupled, opsm"),
+    ({"welch": ["2e-4/kinf/none", "2e-4/kinf"]}, "(none: leave it out)"),
+    ({"mean_at_least": ["2e-4/kinf/opsm", "2e-4/k0", -0.02]}, "[greater, than (a cell), margin >= 0]"),
+    ({"mean_at_least": ["2e-4/kinf/opsm", 0.3, 0.02]}, "[greater, than (a cell), margin >= 0]"),
+    ({"age_at_least": ["2e-4/kinf/opsm", 0]}, "[cell, versions > 0]"),
+    ({"drops_at_most": ["2e-4/kinf/opsm", -0.1]}, "[cell, share >= 0]"),
+    ({"ratio_of": [["2e-4/kinf/opsm"]]}, "ratio_of takes [[cells], [reference cells]]"),
+])
+def test_a_bad_correction_goal_is_refused(tmp_path, prediction, message):
+    spec = {**CORR_SPEC, "families": [{"task": "SimpleSokoban", "predictions": [{"name": "P", **prediction}]}]}
+    with pytest.raises(SpecError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
+                       .replace(")", r"\)")):
+        _spec(tmp_path, spec)
+
+
+def test_all_of_and_gates_name_only_what_is_decided_before_them(tmp_path):
+    reported = [{"name": "S", "ratio_of": [["2e-4/kinf/opsm"], ["2e-4/k0"]]}, {"name": "G", "all_of": ["S"]}]
+    with pytest.raises(SpecError, match="all_of names no earlier prediction of the spec: S"):
+        _spec(tmp_path, {**CORR_SPEC, "families": [{"task": "SimpleSokoban", "predictions": reported}]})
+    gated = [{"name": "T", "welch": ["2e-4/kinf/opsm", "2e-4/kinf"]},
+             {"name": "U", "gate": "T", "no_falls": "2e-4/kinf/opsm"}]
+    with pytest.raises(SpecError, match="its gate T is no earlier goal of its family"):
+        _spec(tmp_path, {**CORR_SPEC, "families": [{"task": "SimpleSokoban", "predictions": gated}]})
+
+
+def test_report_tables_and_figures_know_every_correction():
+    from ragen_async.algo.corrections import OFF_POLICY_MODES
+    from ragen_async.study.report.figures import MARKERS
+    from ragen_async.study.report.summary import CORRECTIONS
+
+    assert CORRECTIONS == OFF_POLICY_MODES
+    assert set(MARKERS) == set(OFF_POLICY_MODES) and len(set(MARKERS.values())) == len(MARKERS)
+

@@ -30,7 +30,7 @@ CURVES = (
 )
 LOG_CURVES = frozenset({"grad_norm", "k3_mismatch"})
 """Curves drawn on a log scale when positive and spanning more than a factor of 50."""
-MARKERS = {"none": "o", "tis": "s", "decoupled": "^"}
+MARKERS = {"none": "o", "tis": "s", "decoupled": "^", "opsm": "v", "geo_mask": "P", "geo_tis": "X", "age": "*"}
 """A marker per correction (``algo.off_policy``)."""
 LINESTYLES = {"bounded": "-", "fixed": "--", "adaptive": ":"}
 LAG_NAMES = {"bounded": "bounded", "fixed": "fixed lag", "adaptive": "adaptive bound"}

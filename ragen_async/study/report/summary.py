@@ -21,8 +21,9 @@ FINISHED = ("done", "complete", "time budget")
 """Run statuses that mean its budget was spent (a sweep's ``done``; a lone run's ``complete`` or ``time budget``)."""
 LAGS = ("bounded", "fixed", "adaptive")
 """How staleness is set (``RunData.lag``), in the order tables and legends list them."""
-CORRECTIONS = ("none", "tis", "decoupled")
-"""Off-policy corrections (``algo.off_policy``), in the order tables and legends list them."""
+CORRECTIONS = ("none", "tis", "decoupled", "opsm", "geo_mask", "geo_tis", "age")
+"""Off-policy corrections (``algo.off_policy``, ``algo.corrections.OFF_POLICY_MODES``), in the order tables and legends
+list them."""
 
 
 def correction_order(mode: str) -> int:
