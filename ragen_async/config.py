@@ -86,12 +86,19 @@ class RolloutConfig(_Strict):
     """Ray GPUs per rollout actor (``runtime: ray``); above 0, ``weight_sync.backend: auto`` resolves to nccl."""
     max_concurrent_groups: int = Field(4, ge=1)
     """Groups a worker plays concurrently."""
+    engine_threads: int | None = Field(None, ge=1)
+    """OpenMP threads of each rollout actor's engine (``runtime: ray``); ``None`` = the integer part of ``cpus_per_worker`` (at least 1)."""
     cpu_affinity: list[int] | None = None
     """Pin rollout actors (and their engines) to these CPU ids; ``None`` = no pinning."""
 
     @property
     def groups_per_step(self) -> int:
         return sum(e.n_groups for e in self.envs)
+
+    @property
+    def threads_per_engine(self) -> int:
+        """The OpenMP threads a rollout actor's engine computes with (:attr:`engine_threads`)."""
+        return self.engine_threads if self.engine_threads is not None else max(1, int(self.cpus_per_worker))
 
 
 class ValidationConfig(_Strict):

@@ -22,7 +22,8 @@ def test_what_belongs_to_the_run_does_not_change_the_key():
 
 
 @pytest.mark.parametrize("change", [["model.path=/other"], ["inference.kv_cache_gib=0.25"], ["seed=1"],
-                                    ["rollout.cpus_per_worker=2"], ["inference.kv_on_update=recompute"]])
+                                    ["rollout.cpus_per_worker=2"], ["inference.kv_on_update=recompute"],
+                                    ["rollout.engine_threads=2"]])
 def test_what_the_engine_was_built_from_does(change):
     assert key() != key(*change)
 

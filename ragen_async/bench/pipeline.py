@@ -115,6 +115,7 @@ def bench_config(base: RunConfig, k: int | None, mode: str, steps: int, cpus: li
         data["learner"]["cpu_affinity"] = learner_cpus if mode == "pinned" else None
         # Matched thread budgets in both modes, so pinning is the only difference.
         data["rollout"]["cpus_per_worker"] = float(len(rollout_cpus)) / data["rollout"]["num_workers"]
+        data["rollout"]["engine_threads"] = None  # the engine's threads follow its CPUs, as the learner's do
         data["learner"]["torch_threads"] = max(1, len(learner_cpus) // data["learner"]["num_ranks"])
     return RunConfig.model_validate(data)
 

@@ -47,8 +47,10 @@ class RolloutActor:
     def __init__(self, cfg_data: dict, worker_id: str, buffer_address: str, secret: bytes, gate: Any,
                  engine_threads: int = 1, log_path: str | None = None):
         # Each engine gets its own small thread budget so rollout actors and learners do not fight
-        # over the same cores (set before vLLM/torch start their pools).
-        os.environ.setdefault("OMP_NUM_THREADS", str(engine_threads))
+        # over the same cores (set before vLLM/torch start their pools; Ray has set it to the actor's CPUs).
+        # One thread is the tiny model's fastest on CPU: its decode steps are matmuls of a few rows, where a
+        # second OpenMP thread mostly waits at barriers (rollout.engine_threads).
+        os.environ["OMP_NUM_THREADS"] = str(engine_threads)
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         self.engine: InferenceEngine | None = None
         self.bind(cfg_data, worker_id, buffer_address, secret, gate, log_path)

@@ -38,7 +38,7 @@ def engine_key(cfg: RunConfig, worker_id: str, weight_backend: str) -> str:
     r = cfg.rollout
     return json.dumps({
         "model": cfg.model.model_dump(mode="json"), "inference": cfg.inference.model_dump(mode="json"),
-        "seed": cfg.seed, "worker": worker_id, "weight_backend": weight_backend,
+        "seed": cfg.seed, "worker": worker_id, "weight_backend": weight_backend, "engine_threads": r.threads_per_engine,
         "resources": [r.cpus_per_worker, r.gpus_per_worker, r.cpu_affinity]}, sort_keys=True)
 
 

@@ -281,7 +281,7 @@ class RayRuntime(Runtime):
         return RolloutActor.options(num_cpus=cfg.rollout.cpus_per_worker, num_gpus=cfg.rollout.gpus_per_worker,
                                     max_concurrency=64).remote(self._actor_cfg, f"w{i}",
                                                                self.receiver.address, self._secret, self.gate,
-                                                               max(1, int(cfg.rollout.cpus_per_worker)),
+                                                               cfg.rollout.threads_per_engine,
                                                                self._log_path(f"rollout-w{i}"))
 
     def _log_path(self, name: str) -> str | None:
