@@ -30,6 +30,12 @@
 #                       what do CUDA graphs buy? `ragen-async bench decode`: one vLLM engine's decode tokens/s
 #                       with CUDA graphs and in eager mode, 64 requests x 256 tokens, on RAGEN_MODEL_PATH or a
 #                       Qwen2.5-0.5B-shaped random model (needs vLLM and CUDA)
+#   one_gpu_run         does the whole path learn on ONE GPU? `ragen-async train configs/paper/one_gpu_bandit.yaml`
+#                       on the tiny model: the engine (vLLM, CUDA graphs) and the learner share the GPU, weights
+#                       through gloo, every sync checked byte for byte; 20 Bandit steps at the tiny configs' learning
+#                       rates (1e-4 / 1e-3), bf16, from the model's start (0.445 at step 0 in `make demo`) must raise
+#                       validation success (128 seeds) by 0.3 (ragen_async/bench/device_verdicts.py: ONE_GPU_MARGIN);
+#                       the verdict prints the check's cost (needs vLLM, Ray, CUDA)
 #   paper_run           does the whole path learn? `ragen-async train` on Bandit for 20 steps (configs/demo.yaml,
 #                       bf16) with Ray, vLLM on CUDA, NCCL weight sync, every sync verified byte for byte
 #                       (weight_sync.verify_every: 1) and DDP over 2 learner ranks (1 with only 2 GPUs: DDP then
@@ -116,6 +122,22 @@ elif ((!has_vllm)); then
 else
     stage decode_graphs "${cli[@]}" decode --model "$decode_model" --graphs --json "$tmp/decode_graphs.json"
     stage decode_eager "${cli[@]}" decode --model "$decode_model" --eager --json "$tmp/decode_eager.json"
+fi
+
+one_gpu=("$py" -m ragen_async.cli train configs/paper/one_gpu_bandit.yaml
+    --run-dir "$out/one_gpu_run-$(date +%Y%m%d-%H%M%S)" total_steps=20 "model.path=$model" model.dtype=bfloat16
+    validation.every=10 "validation.envs=[{tag: Bandit, n_groups: 128}]" agent.max_tokens_per_turn=64
+    learner.actor_lr=1e-4 learner.critic_lr=1e-3)
+if ((gpus < 1)); then
+    skip one_gpu_run "no CUDA device (it would run: ${one_gpu[*]:2})"
+elif ((!has_vllm || !has_ray)); then
+    skip one_gpu_run "needs vllm and ray installed"
+elif [[ ! -f $model/config.json ]]; then
+    skip one_gpu_run "no model at $model (set RAGEN_MODEL_PATH)"
+else
+    # (the train command's last stdout line is its JSON summary: the verdict reads the run directory there)
+    # shellcheck disable=SC2016  # expanded by the inner bash
+    stage one_gpu_run bash -c 'set -o pipefail; "${@:2}" | tee "$1"' _ "$tmp/one_gpu_run.out" "${one_gpu[@]}"
 fi
 
 if ((gpus < 2)); then

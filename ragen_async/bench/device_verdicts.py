@@ -1,7 +1,7 @@
 """The end of ``scripts/device_check.sh``: one JSON and one VERDICT line per question.
 
 ``python -m ragen_async.bench.device_verdicts OUT DRY STAGES_JSON`` reads what the stages left in ``OUT/.stages``
-(learns.json, learner.json, decode_*.json, paper_run.out), writes ``OUT/device_check.json`` (the machine, the
+(learns.json, learner.json, decode_*.json, one_gpu_run.out, paper_run.out), writes ``OUT/device_check.json`` (the machine, the
 stages, the verdicts and every stage's figures), removes ``OUT/.stages``, prints the verdict lines and exits 1 if
 a question that ran failed (a skipped one does not count).
 """
@@ -15,8 +15,12 @@ import shutil
 import sys
 from pathlib import Path
 
-QUESTIONS = ("learner_cuda", "learns", "mfu", "first_update", "cuda_graphs", "paper_run")
+QUESTIONS = ("learner_cuda", "learns", "mfu", "first_update", "cuda_graphs", "one_gpu", "paper_run")
 """The questions, in the order of their verdict lines."""
+
+ONE_GPU_MARGIN = 0.3
+"""How far the one-GPU run's 20 steps must raise validation success above its step-0 value (the tiny model's
+start on Bandit: 0.445 in the ``make demo`` run of docs/results.md, 1.000 there by step 20)."""
 
 
 def _read(path: Path):
@@ -35,11 +39,50 @@ def _val_success(text: str | None) -> float | None:
     return None
 
 
+def _summary(text: str | None) -> dict | None:
+    """``ragen-async train``'s JSON summary (its last stdout line that parses as a JSON object with run_dir)."""
+    for line in reversed((text or "").splitlines()):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and "run_dir" in data:
+            return data
+    return None
+
+
+def one_gpu_verdict(rc: int, train_out: str | None, margin: float = ONE_GPU_MARGIN) -> tuple[bool, str]:
+    """The one-GPU run: from its ``metrics.jsonl``, validation success at step 0 and at the end (which must be
+    ``margin`` higher), and the byte-exact weight check (``weight_sync/verify_s``) at every sync with its cost."""
+    from ragen_async.records.rundir import read_record
+
+    summary = _summary(train_out)
+    records = []
+    if summary is not None:
+        try:
+            text = read_record(Path(summary["run_dir"]) / "metrics.jsonl")
+        except FileNotFoundError:
+            text = ""
+        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    val = [r["val/success"] for r in records if "val/success" in r]
+    syncs = [r for r in records if "weight_sync/time_s" in r]
+    checks = [r["weight_sync/verify_s"] for r in syncs if "weight_sync/verify_s" in r]
+    what = "20 Bandit steps, engine (CUDA graphs) and learner on one GPU, gloo weight sync"
+    if len(val) < 2:
+        return False, f"VERDICT one_gpu: no ({what}; {len(val)} validation(s) in the run's metrics; train exit {rc})"
+    gain = val[-1] - val[0]
+    cost = (f"checked {len(checks)} of {len(syncs)} syncs byte for byte, {1000 * sum(checks) / len(checks):.0f} ms "
+            f"mean, {1000 * max(checks):.0f} ms max" if checks else f"no byte-exact check in {len(syncs)} syncs")
+    ok = rc == 0 and gain >= margin and bool(syncs) and len(checks) == len(syncs)
+    return ok, (f"VERDICT one_gpu: {'yes' if ok else 'no'} ({what}; val/success {val[0]:.3f} at step 0 -> "
+                f"{val[-1]:.3f}, {gain:+.3f}, required >= +{margin}; {cost}; train exit {rc})")
+
+
 def verdicts(stages: list[dict], data: dict, paper_run_out: str | None = None, val_threshold: float = 0.9,
-             ranks: int = 2) -> dict[str, tuple[bool | None, str]]:
+             ranks: int = 2, one_gpu_out: str | None = None) -> dict[str, tuple[bool | None, str]]:
     """``question -> (passed, line)``; ``passed`` is None for a skipped question. ``data`` holds the stages'
     JSON: ``learns``, ``learner`` (rows), ``decode_graphs``, ``decode_eager``; ``paper_run_out`` the train
-    command's output, run with ``ranks`` learner ranks."""
+    command's output, run with ``ranks`` learner ranks; ``one_gpu_out`` the one-GPU run's."""
     from ragen_async.bench.learner import first_update_verdict, mfu_verdict
     from ragen_async.bench.learns import result_from_json, verdict
 
@@ -90,6 +133,8 @@ def verdicts(stages: list[dict], data: dict, paper_run_out: str | None = None, v
             out["cuda_graphs"] = (True, f"VERDICT cuda_graphs: yes (decode with CUDA graphs {g:,.0f} tokens/s, eager "
                                         f"{e:,.0f}: {g / e:.2f} x; {graphs['model']}, {graphs['requests']} requests x "
                                         f"{graphs['max_tokens']} tokens)")
+    if not unanswered("one_gpu", "one_gpu_run"):
+        out["one_gpu"] = one_gpu_verdict(by_name["one_gpu_run"]["exit"], one_gpu_out)
     if not unanswered("paper_run", "paper_run"):
         rc = by_name["paper_run"]["exit"]
         val = _val_success(paper_run_out)
@@ -118,10 +163,11 @@ def main(argv: list[str]) -> int:
     out, dry, stages = Path(argv[0]), argv[1] == "1", json.loads(argv[2])
     tmp = out / ".stages"
     data = {name: _read(tmp / f"{name}.json") for name in ("learns", "learner", "decode_graphs", "decode_eager")}
-    run_out, ranks = tmp / "paper_run.out", tmp / "paper_run.ranks"
+    run_out, ranks, one_gpu = tmp / "paper_run.out", tmp / "paper_run.ranks", tmp / "one_gpu_run.out"
     found = verdicts(stages, data, run_out.read_text() if run_out.is_file() else None,
                      float(os.environ.get("RAGEN_VAL_SUCCESS", "0.9")),
-                     int(ranks.read_text()) if ranks.is_file() else 2)
+                     int(ranks.read_text()) if ranks.is_file() else 2,
+                     one_gpu.read_text() if one_gpu.is_file() else None)
     summary = {"dry_run": dry, "machine": _machine(), "stages": stages,
                "verdicts": {q: {"passed": ok, "line": line} for q, (ok, line) in found.items()}, **data}
     (out / "device_check.json").write_text(json.dumps(summary, indent=1))

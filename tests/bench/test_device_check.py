@@ -36,13 +36,15 @@ def test_the_device_check_dry_run_answers_what_a_cpu_can_and_skips_the_rest(tmp_
     assert summary["dry_run"] is True and summary["machine"]["cpus"] == os.cpu_count()
     stages = {s["stage"]: s for s in summary["stages"]}
     assert list(stages) == ["learner_cuda_tests", "learner_learns", "learner_mfu", "decode_graphs", "decode_eager",
-                            "paper_run"]
+                            "one_gpu_run", "paper_run"]
     assert stages["learner_learns"]["exit"] == 0 and stages["learner_mfu"]["exit"] == 0
-    for name in ("learner_cuda_tests", "decode_graphs", "decode_eager", "paper_run"):
+    for name in ("learner_cuda_tests", "decode_graphs", "decode_eager", "one_gpu_run", "paper_run"):
         assert "CUDA" in stages[name]["skipped"] or "GPUs" in stages[name]["skipped"], stages[name]
     passed = {q: v["passed"] for q, v in summary["verdicts"].items()}
     assert passed == {"learner_cuda": None, "learns": True, "mfu": True, "first_update": True, "cuda_graphs": None,
-                      "paper_run": None}
+                      "one_gpu": None, "paper_run": None}
+    # the one-GPU stage says what it would run
+    assert "configs/paper/one_gpu_bandit.yaml" in stages["one_gpu_run"]["skipped"]
     assert [v["line"] for v in summary["verdicts"].values()] == verdict_lines
 
     # learns: both dtypes reached the optimum's neighbourhood on the CPU, from well below it
@@ -103,7 +105,7 @@ def test_the_verdicts_fail_a_question_that_ran_and_failed_and_skip_the_rest(tmp_
     bad = _result(Curve("float32", "float32", target_p=[0.05, 0.06, 0.05]))
     (out / ".stages" / "learns.json").write_text(json.dumps(result_json(bad)))
     stages = _stages(learner_cuda_tests=1, learner_learns=1, learner_mfu=2, decode_graphs="vllm is not installed",
-                     decode_eager="vllm is not installed", paper_run="needs >= 2 GPUs")
+                     decode_eager="vllm is not installed", one_gpu_run="no CUDA device", paper_run="needs >= 2 GPUs")
     assert device_verdicts.main([str(out), "0", json.dumps(stages)]) == 1
     summary = json.loads((out / "device_check.json").read_text())
     found = {q: (v["passed"], v["line"]) for q, v in summary["verdicts"].items()}
@@ -115,12 +117,12 @@ def test_the_verdicts_fail_a_question_that_ran_and_failed_and_skip_the_rest(tmp_
     # every question skipped: nothing failed
     assert device_verdicts.main([str(out), "0", json.dumps(_stages(
         learner_cuda_tests="no CUDA", learner_learns="x", learner_mfu="x", decode_graphs="x", decode_eager="x",
-        paper_run="x"))]) == 0
+        one_gpu_run="x", paper_run="x"))]) == 0
 
 
 def test_the_paper_run_verdict_reads_val_success_from_trains_summary():
     stages = _stages(learner_cuda_tests="-", learner_learns="-", learner_mfu="-", decode_graphs="-",
-                     decode_eager="-", paper_run=0)
+                     decode_eager="-", one_gpu_run="-", paper_run=0)
     good = 'done\n{"run_dir": "r", "val/success": 0.95}\n'
     ok, line = device_verdicts.verdicts(stages, {}, good)["paper_run"]
     assert ok is True and "DDP over 2 ranks; val/success 0.950" in line
@@ -156,3 +158,28 @@ def test_the_mfu_and_first_update_verdicts_take_a_setting_out_of_memory():
     assert not mfu_verdict([rows[0], rows[3]])[0]
     ok, line = first_update_verdict([rows[1], _row("bfloat16", True, moved=0.004, gap=0.99)])
     assert not ok and "moved 0.4 % of the weights, 0.990 from float32's" in line
+
+
+def _one_gpu_run(tmp_path, val, checked):
+    """A run directory whose metrics.jsonl has validations ``val`` (step 0, then every 10) and one sync per step,
+    ``checked`` of them with the byte-exact check's time."""
+    run = tmp_path / "run"
+    run.mkdir(parents=True)
+    lines = [{"learner/step": 10 * i, "val/success": v} for i, v in enumerate(val)]
+    lines += [{"learner/step": s, "weight_sync/time_s": 0.1, **({"weight_sync/verify_s": 0.02} if s <= checked else {})}
+              for s in range(1, 21)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return f"train log\n{json.dumps({'run_dir': str(run), 'val/success': val[-1]})}\n"
+
+
+def test_the_one_gpu_verdict_wants_the_margin_over_step_0_and_a_check_at_every_sync(tmp_path):
+    ok, line = device_verdicts.one_gpu_verdict(0, _one_gpu_run(tmp_path / "a", [0.445, 0.9, 1.0], checked=20))
+    assert ok and "val/success 0.445 at step 0 -> 1.000, +0.555, required >= +0.3" in line
+    assert "checked 20 of 20 syncs byte for byte, 20 ms mean, 20 ms max" in line
+    ok, line = device_verdicts.one_gpu_verdict(0, _one_gpu_run(tmp_path / "b", [0.445, 0.6, 0.7], checked=20))
+    assert not ok and "+0.255, required >= +0.3" in line
+    ok, line = device_verdicts.one_gpu_verdict(0, _one_gpu_run(tmp_path / "c", [0.445, 0.9, 1.0], checked=1))
+    assert not ok and "checked 1 of 20 syncs" in line
+    assert device_verdicts.one_gpu_verdict(1, _one_gpu_run(tmp_path / "d", [0.445, 0.9, 1.0], checked=20))[0] is False
+    ok, line = device_verdicts.one_gpu_verdict(2, "Traceback ...")
+    assert not ok and "0 validation(s)" in line
