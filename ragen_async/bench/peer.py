@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from ragen_async.config import RunConfig, load_config
 from ragen_async.study.stats import UNIT, cell_table, format_mean_ci, interval
@@ -55,9 +56,9 @@ STUDY_PLACEMENT = "configs/tiny/study_specimen.yaml"
 """Where ours runs at k = 0 (both sides on both cores; the TRL process gets the learner's threads)."""
 SPLIT_PLACEMENT = "configs/tiny/study_specimen_split.yaml"
 """Where ours runs at k >= 1 and unbounded (one core each)."""
-PLACEMENT_FIELDS = (("runtime",), ("rollout", "cpus_per_worker"), ("rollout", "cpu_affinity"),
-                    ("rollout", "max_concurrent_groups"), ("learner", "torch_threads"), ("learner", "cpu_affinity"))
-"""The fields a placement file sets (the rest of the config is the environment's)."""
+PLACEMENT_SECTIONS = ("runtime", "rollout", "learner")
+"""What our runs take from the placement files: the keys these files themselves write in these sections (threads, CPU
+sets, engine batch; their ``mini_batch_size`` is then set to one optimizer pass); the rest is the environment's."""
 INSTALL = "bench peer needs TRL, an optional extra: pip install -e '.[peer]'"
 
 
@@ -156,12 +157,13 @@ def our_config(env: str, k: int | None, seed: int, steps: int, *, model: str, va
     step on ``val_episodes`` levels per environment (0: none), in the study's placement at k = 0 and the split one
     otherwise."""
     data = load_config(ENVS[parse_env(env)]).model_dump()
-    placement = load_config(STUDY_PLACEMENT if k == 0 else SPLIT_PLACEMENT).model_dump()
-    for path in PLACEMENT_FIELDS:
-        target, source = data, placement
-        for key in path[:-1]:
-            target, source = target[key], source[key]
-        target[path[-1]] = source[path[-1]]
+    for path in [STUDY_PLACEMENT] if k == 0 else [STUDY_PLACEMENT, SPLIT_PLACEMENT]:
+        written = yaml.safe_load(Path(path).read_text())
+        for section in PLACEMENT_SECTIONS:
+            if isinstance(written.get(section), dict):
+                data[section].update(written[section])
+            elif section in written:
+                data[section] = written[section]
     batch = data["rollout"]["group_size"] * sum(e["n_groups"] for e in data["rollout"]["envs"])
     data.update(name=f"peer-{env}-k{'inf' if k is None else k}-s{seed}", seed=seed, total_steps=steps,
                 time_budget_minutes=None, run_root=run_root, checkpoint_every=0)
