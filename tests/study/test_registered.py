@@ -337,3 +337,25 @@ def test_report_tables_and_figures_know_every_correction():
     assert CORRECTIONS == OFF_POLICY_MODES
     assert set(MARKERS) == set(OFF_POLICY_MODES) and len(set(MARKERS.values())) == len(MARKERS)
 
+
+def test_the_corrections_spec_reads_and_is_decided_on_synthetic_runs(tmp_path, make_run):
+    """studies/corrections/predictions.yaml (PREDICTIONS.md, "Corrections of stale samples"): opsm meets every part,
+    age fails (a) by one fall and a shortfall against k = 0, and meets (b)."""
+    spec = load_spec(REPO / "studies" / "corrections" / "predictions.yaml")
+    assert spec.seeds == CORR_SEEDS and spec.decide_on == "holm"
+    assert [f.floor for f in spec.families] == [0.215, 0.0]
+    assert [p.name for p in spec.families[0].predictions if p.kind == "welch"] == ["Oa3", "Aa3"]
+    sokoban = {"k0": (0.42, 0.0, None), "kinf": (0.31, 9.0, 12), "kinf/opsm": (0.41, 8.8, None),
+               "kinf/age": (0.39, 8.8, 10)}
+    countdown = {"k0": (0.104, 0.0, None), "kinf": (0.071, 19.8, None), "kinf/opsm": (0.10, 19.0, None),
+                 "kinf/age": (0.098, 19.0, None)}
+    _corr_runs(tmp_path / "r", make_run, "SimpleSokoban", 2e-4, sokoban)
+    _corr_runs(tmp_path / "r", make_run, "SmallCountdown", 1e-4, countdown, spread=0.002)
+    runs, summaries = _read(tmp_path / "r")
+    got = {o.name: o for o in decide(spec, summaries, runs)}
+    assert {n: got[n].verdict for n in ("Oa", "Ob", "O")} == {"Oa": "held", "Ob": "held", "O": "held"}
+    assert got["Aa1"].statistic == "2e-4/kinf/age: 1 of 5 fell" and got["Aa2"].verdict == "failed"
+    assert got["Aa3"].verdict == "failed"  # its fallen run spreads the cell
+    assert {n: got[n].verdict for n in ("Aa", "Ab", "A")} == {"Aa": "failed", "Ab": "held", "A": "failed"}
+    assert got["Od1"].verdict == got["Ad2"].verdict == "reported"
+    assert all(got[n].p_holm >= got[n].p for n in ("Oa3", "Aa3", "Ob2", "Ab2"))
