@@ -48,8 +48,8 @@ class RolloutActor:
                  engine_threads: int = 1, log_path: str | None = None):
         # Each engine gets its own small thread budget so rollout actors and learners do not fight
         # over the same cores (set before vLLM/torch start their pools; Ray has set it to the actor's CPUs).
-        # One thread is the tiny model's fastest on CPU: its decode steps are matmuls of a few rows, where a
-        # second OpenMP thread mostly waits at barriers (rollout.engine_threads).
+        # rollout.engine_threads can ask for fewer: on a busy machine a second OpenMP thread of the tiny model's
+        # engine spins at barriers while its partner is descheduled.
         os.environ["OMP_NUM_THREADS"] = str(engine_threads)
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         self.engine: InferenceEngine | None = None

@@ -46,7 +46,7 @@ def test_config_mode_keeps_the_configs_placement():
                                                                               base.learner.torch_threads) == (2, 2)
     split = bench_config(load_config("configs/tiny/study_specimen_split.yaml"), 2, "config", steps=8, cpus=[0, 1])
     assert (split.rollout.cpu_affinity, split.learner.cpu_affinity, split.learner.torch_threads) == ([0], [1], 1)
-    assert (shared.rollout.threads_per_engine, base.rollout.engine_threads) == (1, 1)  # the engine computes on one
+    assert (shared.rollout.threads_per_engine, base.rollout.engine_threads) == (2, None)  # its CPUs' threads
     unpinned = bench_config(base, 0, "unpinned", steps=8, cpus=[0, 1])
     assert (unpinned.rollout.cpus_per_worker, unpinned.learner.torch_threads) == (1, 1)
     wide = bench_config(base, 0, "pinned", steps=8, cpus=list(range(8)))  # thread budgets matched to the CPU sets
