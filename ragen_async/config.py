@@ -150,10 +150,10 @@ class AlgoConfig(_Strict):
     the geometric-mean trajectory ratio at geo_cap; ``age`` scales negative-advantage tokens by min(1, age_tau/age)."""
     is_cap: float = Field(2.0, gt=0)
     """Weight cap of ``tis`` (truncates) and ``decoupled`` (masks above it); unused by the other modes."""
-    opsm_delta: float = Field(0.005, ge=0)
+    opsm_delta: float = Field(0.01, ge=0)
     """``opsm`` only: a trajectory's negative-advantage tokens are dropped from the loss when its mean per-token
     log(mu/pi_old) exceeds this many nats (DeepSeek-V3.2's delta; TRL suggests 0.5 for its models)."""
-    geo_cap: float = Field(1.005, gt=1)
+    geo_cap: float = Field(1.01, gt=1)
     """``geo_mask``: trajectories whose geometric-mean ratio pi_old/mu leaves [1/geo_cap, geo_cap] are dropped;
     ``geo_tis``: that ratio, the trajectory's weight, is truncated at geo_cap."""
     age_tau: float = Field(2.0, gt=0)
@@ -446,7 +446,7 @@ class RunConfig(_Strict):
                 f"the {tp} tensor-parallel workers holds shards of the weights, and the check compares whole "
                 "tensors; set weight_sync.verify_first=false and weight_sync.verify_every=0, or "
                 "tensor_parallel_size=1")
-        if self.rollout.top_p < 1 and self.algo.off_policy != "none":
+        if self.rollout.top_p < 1 and self.algo.off_policy not in ("none", "age"):  # age reads no mu
             raise ValueError(
                 f"rollout.top_p={self.rollout.top_p:g} with algo.off_policy={self.algo.off_policy}: the engine's "
                 "log-probs (mu) are then those of the truncated nucleus distribution, not of the policy the learner "

@@ -152,12 +152,14 @@ def test_the_weight_check_is_on_at_the_first_sync_and_tensor_parallel_engines_mu
 def test_nucleus_sampling_with_an_off_policy_correction_is_refused():
     """With ``rollout.top_p < 1`` the engine's log-probs are those of the truncated distribution, so an
     off-policy weight pi_old/mu would carry the truncation: refused at load, saying why; either alone loads."""
-    for correction in ("tis", "decoupled"):
+    for correction in ("tis", "decoupled", "opsm", "geo_mask", "geo_tis"):
         with pytest.raises(ConfigError, match=rf"rollout\.top_p=0\.9 with algo\.off_policy={correction}: the engine's "
                                               r"log-probs \(mu\) are then those of the truncated nucleus distribution"):
             load_config(None, ["rollout.top_p=0.9", f"algo.off_policy={correction}"])
     assert load_config(None, ["rollout.top_p=0.9"]).rollout.top_p == 0.9
     assert load_config(None, ["algo.off_policy=tis"]).algo.off_policy == "tis"
+    # age reads each token's age, not mu: nucleus sampling beside it loads
+    assert load_config(None, ["rollout.top_p=0.9", "algo.off_policy=age"]).algo.off_policy == "age"
 
 
 def test_the_stale_sample_corrections_load_and_their_bounds_are_checked():

@@ -85,8 +85,8 @@ def off_policy_correction(
     mask: Tensor,
     staleness: Tensor | None = None,
     is_cap: float | None = 2.0,
-    opsm_delta: float = 0.005,
-    geo_cap: float = 1.005,
+    opsm_delta: float = 0.01,
+    geo_cap: float = 1.01,
     age_tau: float = 2.0,
     age_negatives_only: bool = True,
 ) -> Correction:
