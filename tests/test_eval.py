@@ -125,3 +125,41 @@ def test_temperature_zero_is_greedy_in_vllms_sampling_params():
     eng.eos_token_ids = (2,)
     p = eng._sampling_params(SamplingConfig(temperature=0, seed=4))
     assert p.temperature == 0 and p.sampling_type == SamplingType.GREEDY
+
+
+def test_validation_submits_every_episode_at_once(tiny_model_path):
+    """The trainer's validation (``validate_engine``) puts all of its episodes in the engine together, so the engine
+    batches them in full steps; the figures are those of any other concurrency (per-episode seeds)."""
+    import asyncio
+
+    from ragen_async.agent.chat import ChatFormat
+    from ragen_async.agent.episode import EnginePolicy
+    from ragen_async.config import load_config
+    from ragen_async.rollout.worker import agent_limits, evaluate, summarize_trajectories, validate_engine
+
+    cfg = load_config(SOKOBAN, [f"model.path={tiny_model_path}", "validation.envs=[{tag: SimpleSokoban, n_groups: 40}]"])
+    chat = ChatFormat.from_pretrained(cfg.model.path, enable_think=cfg.agent.enable_think)
+    words = chat.encode("<answer>Up || Left</answer>") + [chat.end_of_turn_id]
+
+    class Counting(FakeEngine):
+        def __init__(self):
+            super().__init__(lambda _prompt, rng: words[rng.randrange(2):], delay_s=0.01)
+            self.running = self.peak = 0
+
+        async def generate(self, prompt_ids, sampling):
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+            try:
+                return await super().generate(prompt_ids, sampling)
+            finally:
+                self.running -= 1
+
+    engine = Counting()
+    metrics = asyncio.run(validate_engine(cfg, engine, chat))
+    assert engine.peak == 40
+    few = Counting()
+    policy = EnginePolicy(few, temperature=cfg.validation.temperature, stop_token_ids=(chat.end_of_turn_id,))
+    trajs = asyncio.run(evaluate(policy, chat, cfg.validation.envs, cfg.validation.seed,
+                                 agent_limits(cfg.agent, cfg.inference), concurrency=3))
+    assert few.peak == 3
+    assert {k: v for k, v in metrics.items() if k != "val/policy_version"} == summarize_trajectories(trajs, "val")

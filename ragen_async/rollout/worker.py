@@ -189,9 +189,15 @@ async def validate_engine(cfg: RunConfig, engine: InferenceEngine, chat: ChatFor
 
     ``val/policy_version`` is the version the engine held, the policy validated: the learner's current one
     (``Trainer.validate`` lends a fixed-lag run's engines the current weights for it).
+
+    Every episode is submitted at once and the engine batches them as its scheduler allows (``max_num_seqs``):
+    few, full engine steps. Each episode samples from its own seeds, so which episodes run together changes
+    no token.
     """
     v = cfg.validation
     version = engine.policy_version
     policy = EnginePolicy(engine, temperature=v.temperature, stop_token_ids=(chat.end_of_turn_id,))
-    trajs = await evaluate(policy, chat, v.envs, v.seed, agent_limits(cfg.agent, cfg.inference))
+    episodes = sum(spec.n_groups for spec in v.envs)
+    trajs = await evaluate(policy, chat, v.envs, v.seed, agent_limits(cfg.agent, cfg.inference),
+                           concurrency=max(1, episodes))
     return {**summarize_trajectories(trajs, "val"), "val/policy_version": float(version)}
