@@ -571,6 +571,8 @@ def train(cfg: RunConfig | None = None, *, resume: Path | None = None, runtime: 
         _refuse_relative_on_multi_node(cfg, given)
         run_dir = RunDir.create(cfg, run_dir_path)
     print(f"run directory: {run_dir.path}", flush=True)
+    if (uncorrected := cfg.uncorrected_staleness()) is not None:
+        print(uncorrected, flush=True)
     logs = log_dir(run_dir.path)
     if logs is not None:
         print(f"engine and worker logs: {logs}/ (--verbose shows them here)", flush=True)

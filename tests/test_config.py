@@ -176,3 +176,14 @@ def test_the_stale_sample_corrections_load_and_their_bounds_are_checked():
                                                 r"'opsm', 'geo_mask', 'geo_tis' or 'age'")):
         with pytest.raises(ConfigError, match=says):
             load_config(None, [bad])
+
+
+def test_a_run_that_trains_stale_tokens_uncorrected_says_so():
+    """k above 0 (or unbounded) with algo.off_policy=none: the run's first lines say it trains stale tokens as
+    they are and what that cost; k = 0, or a correction, say nothing."""
+    assert load_config(None, []).uncorrected_staleness() is None  # k = 0 (local)
+    ray = ["runtime=ray"]
+    for k, shown in (("2", "k = 2"), ("null", "unbounded")):
+        line = load_config(None, [*ray, f"staleness.max_staleness={k}"]).uncorrected_staleness()
+        assert line is not None and shown in line and "algo.off_policy=none" in line and "opsm or age" in line
+    assert load_config(None, [*ray, "staleness.max_staleness=null", "algo.off_policy=opsm"]).uncorrected_staleness() is None
