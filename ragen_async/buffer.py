@@ -164,7 +164,7 @@ class TrajectoryBuffer:
         num_ranks: int = 1,
         fixed_lag: bool = False,
         group_size: int | None = None,
-        consume: str = "arrival",
+        consume: str = "in_order",
         hist_max: int | None = None,
     ) -> None:
         """

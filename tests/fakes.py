@@ -61,7 +61,9 @@ def make_group(
 
 
 def plain_buffer(groups_per_step: int = 2, max_staleness: int | None = 1, **kwargs) -> TrajectoryBuffer:
-    kwargs = {"filter_mode": "none", "filter_ratio": 1.0, "norm_mode": "mean_std", "num_ranks": 1} | kwargs
+    """A buffer without filter, consuming in arrival order unless ``consume`` says otherwise."""
+    kwargs = {"filter_mode": "none", "filter_ratio": 1.0, "norm_mode": "mean_std", "num_ranks": 1,
+              "consume": "arrival"} | kwargs
     return TrajectoryBuffer(groups_per_step, max_staleness, **kwargs)
 
 

@@ -259,7 +259,8 @@ def test_admission_and_buffer_bound_staleness_with_random_speeds(k):
     rng = np.random.default_rng(k)
     B, steps, num_slots = 2, 20, 6
     ctrl = AdmissionController(k, B)
-    buf = TrajectoryBuffer(B, k, filter_mode="none", filter_ratio=1.0, norm_mode="mean_std", num_ranks=2)
+    buf = TrajectoryBuffer(B, k, filter_mode="none", filter_ratio=1.0, norm_mode="mean_std", num_ranks=2,
+                           consume="arrival")
     engine_version, publish_at = 0, None
     slots: list[dict | None] = [None] * num_slots
     learner_version, learner_done_at, consumed = 0, None, []

@@ -99,7 +99,7 @@ def make_shard(shape: GroupShape, trajectories: int, vocab: int, cfg):
 
     groups = [synthetic_group(shape, i, vocab=vocab) for i in range(math.ceil(trajectories / shape.trajectories))]
     buffer = TrajectoryBuffer(len(groups), max_staleness=None, filter_mode="none", filter_ratio=1.0,
-                              norm_mode=cfg.algo.grpo_norm)
+                              norm_mode=cfg.algo.grpo_norm, consume="arrival")
     for g in groups:
         buffer.add(g, 0, 0.0)
     return buffer.next_batch(0, 0, 0.0).shards[0]

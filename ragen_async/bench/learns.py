@@ -168,7 +168,8 @@ def _run_curve(cfg, device, steps, prompt, target, seed, on_step) -> Curve:
     for step in range(steps):
         version = learner.policy_version
         buffer = TrajectoryBuffer(n_groups, max_staleness=0, filter_mode=cfg.algo.filter_mode,
-                                  filter_ratio=cfg.algo.filter_ratio, norm_mode=cfg.algo.grpo_norm)
+                                  filter_ratio=cfg.algo.filter_ratio, norm_mode=cfg.algo.grpo_norm,
+                                  consume="arrival")  # a fresh buffer per step: its indices start past 0
         groups = _groups(step, probs, target, prompt, version, n_groups, group_size, seed)
         for g in groups:
             buffer.add(g, version, 0.0)
