@@ -13,4 +13,5 @@
   actors, through the real admission gate.
 * :mod:`ragen_async.bench.paper_shape`: the paper's config end to end at the 0.5B shape (``make paper-shape``).
 * :mod:`ragen_async.bench.cputime`: process CPU time for the benchmarks' tables.
+* :mod:`ragen_async.bench.peer`: TRL's GRPOTrainer beside ours on the same model, environments and algorithm.
 """
