@@ -113,8 +113,10 @@ def step_plan(learner, shard) -> StepPlan:
     lc = learner.cfg.learner
     batch = collate_shard(shard, learner.pad_id, "cpu")
     n_mini = max(1, round(shard.batch_num_seqs / lc.mini_batch_size))
-    return StepPlan(lengths=tuple(int(n) for n in batch.lengths), epochs=lc.epochs,
-                    actor_old_logprobs=not (lc.epochs == 1 and n_mini == 1), critic=learner.critic is not None,
+    single = lc.epochs == 1 and n_mini == 1
+    return StepPlan(lengths=tuple(int(n) for n in batch.lengths), epochs=lc.epochs, actor_old_logprobs=not single,
+                    critic=learner.critic is not None,
+                    critic_old_values=not (single and getattr(learner, "critic_values_from_update", False)),
                     reference=learner.ref is not None, checkpointing=learner.cfg.model.gradient_checkpointing)
 
 

@@ -25,8 +25,9 @@ Qwen2.5-0.5B it is 630.1 M against torchtitan's 357.9 M (``tests/bench/test_flop
 
 A learner step's **model FLOPs** (:func:`learner_step_flops`) are every pass it needs once: per epoch the actor's
 and the critic's forward and backward; the actor's no-grad forward for the old log-probs (not when the step is
-one update: its own forward supplies them), the critic's no-grad forward for the old values, the reference's
-forward (KL runs). **Recompute** (activation checkpointing runs the actor's forward again in backward) is counted
+one update: its own forward supplies them), the critic's no-grad forward for the old values (not when the step
+is one update and the learner takes them from the update's forwards: ``Learner.critic_values_from_update``),
+the reference's forward (KL runs). **Recompute** (activation checkpointing runs the actor's forward again in backward) is counted
 apart: MFU leaves it out, HFU (hardware FLOPs utilisation) counts it.
 
 **MFU** = model FLOPs / seconds / peak, per device. In a training run each learner rank counts its own shard over
@@ -94,6 +95,8 @@ class StepPlan:
     actor_old_logprobs: bool = False
     """A no-grad actor forward for the old log-probs (not when the step is one update)."""
     critic: bool = True
+    critic_old_values: bool = True
+    """A no-grad critic forward for the old values (with ``critic``; not when the update's forwards supply them)."""
     reference: bool = False
     checkpointing: bool = False
     """The actor's forward runs again in backward (activation checkpointing; the critic is never checkpointed)."""
@@ -120,7 +123,7 @@ def learner_step_flops(actor: ModelDims, critic: ModelDims | None, plan: StepPla
         if critic is None:
             raise ValueError("plan.critic needs the critic's dims")
         critic_train = train_flops(critic, plan.lengths)
-        model += critic_train * plan.epochs + critic_train / 3
+        model += critic_train * plan.epochs + (critic_train / 3 if plan.critic_old_values else 0)
     return StepFlops(model=float(model), recompute=float(forward * plan.epochs if plan.checkpointing else 0.0))
 
 
@@ -188,6 +191,7 @@ class StepMeter:
         self.critic = dims_of(learner.critic) if learner.critic is not None else None
         self.epochs = int(learner.cfg.learner.epochs)
         self.reference = learner.ref is not None
+        self.values_from_update = bool(getattr(learner, "critic_values_from_update", False))
         self.checkpointing = bool(learner.cfg.model.gradient_checkpointing)
         device = torch.device(learner.device)
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
@@ -197,8 +201,11 @@ class StepMeter:
             log.info("learner on %s (%s compute): %s", name or device.type, dtype, NO_PEAK)
 
     def plan(self, lengths: Iterable[int], *, old_logprobs: bool) -> StepPlan:
+        """The step's passes; ``old_logprobs`` False: the step is one update (its forwards supply the old
+        log-probs, and the critic's old values where the learner takes them from there)."""
         return StepPlan(lengths=tuple(int(n) for n in lengths), epochs=self.epochs, actor_old_logprobs=old_logprobs,
-                        critic=self.critic is not None, reference=self.reference, checkpointing=self.checkpointing)
+                        critic=self.critic is not None, critic_old_values=old_logprobs or not self.values_from_update,
+                        reference=self.reference, checkpointing=self.checkpointing)
 
     def metrics(self, lengths: Iterable[int], *, old_logprobs: bool, seconds: float) -> dict[str, float]:
         """``learner/tflops_per_gpu`` (model TFLOP over ``seconds``) and, where the device has a peak,

@@ -114,6 +114,12 @@ def test_the_worked_example_a_paper_step_at_the_0_5b_shape():
     assert str(peak).startswith("H100 SXM bfloat16 dense 989.4 TFLOP/s (NVIDIA H100 Tensor Core GPU datasheet")
 
 
+def test_a_critic_whose_old_values_come_from_the_update_has_no_separate_forward():
+    plan = StepPlan(lengths=(4000,) * 8, critic=True, critic_old_values=False)
+    assert learner_step_flops(ACTOR, CRITIC, plan).model == train_flops(ACTOR, plan.lengths) \
+        + train_flops(CRITIC, plan.lengths)
+
+
 def test_a_step_with_two_epochs_old_log_probs_and_a_reference_counts_each_pass():
     plan = StepPlan(lengths=(10, 20), epochs=2, actor_old_logprobs=True, critic=False, reference=True)
     f = 2 * N_ACTOR * 30 + 4 * 24 * 14 * 64 * (100 + 400)     # one forward
@@ -133,11 +139,13 @@ def _learner(model_path, *overrides):
 
 def test_the_plan_of_a_paper_step(tiny_model_path):
     """The paper config on one rank's share (8 trajectories < mini_batch_size 32): one update, so no separate old
-    log-prob pass."""
+    log-prob pass (nor a separate critic pass for the old values where the learner takes them from the update)."""
     cfg, learner = _learner(tiny_model_path, "model.gradient_checkpointing=true")
     shard = make_shard(PAPER, 8, learner.actor.config.vocab_size, cfg)
+    from_update = getattr(learner, "critic_values_from_update", False)
     assert step_plan(learner, shard) == StepPlan(lengths=(4000,) * 8, epochs=1, actor_old_logprobs=False,
-                                                 critic=True, reference=False, checkpointing=True)
+                                                 critic=True, critic_old_values=not from_update, reference=False,
+                                                 checkpointing=True)
 
 
 class _Passes:
@@ -180,7 +188,7 @@ def test_the_plan_counts_the_passes_the_learner_runs(tiny_model_path, overrides)
     assert rows.get("actor_body_nograd", 0) == tokens * plan.actor_old_logprobs
     assert rows.get("actor_layer0", 0) == tokens * (plan.actor_old_logprobs + plan.epochs * (1 + plan.checkpointing))
     assert rows.get("critic_body_grad", 0) == tokens * plan.epochs * plan.critic
-    assert rows.get("critic_body_nograd", 0) == tokens * plan.critic
+    assert rows.get("critic_body_nograd", 0) == tokens * plan.critic * plan.critic_old_values
     assert rows.get("ref_body_nograd", 0) == tokens * plan.reference
     # what each case is for: the first recomputes, the second has the extra passes
     if not plan.checkpointing:
