@@ -104,6 +104,29 @@ def flatten_parameters(module: torch.nn.Module) -> None:
 
 
 @dataclass(frozen=True)
+class _Micro:
+    """One micro-batch of an optimizer step, as every pass over it sees it."""
+
+    mb: TokenBatch
+    """Its rows of the step's batch, trimmed to their longest."""
+    rows: torch.Tensor
+    """Their indices in the step's batch (on the device)."""
+    zero: float
+    """0.0 for a padded micro-batch (a rank with no rows there runs one row at weight 0), else 1.0."""
+    last: bool
+    """The mini-batch's last: where DDP synchronises gradients."""
+
+    @property
+    def T(self) -> int:  # noqa: N802 (the batch's column count, as everywhere in the learner)
+        return int(self.mb.input_ids.shape[1])
+
+    @property
+    def weight(self) -> float:
+        """Trained tokens, the weight of its mean metrics (0 when padded)."""
+        return float(self.mb.num_trained) * self.zero
+
+
+@dataclass(frozen=True)
 class TrainResult:
     """What one learner step returns: the new policy version, apart from the step's metrics."""
 
@@ -171,6 +194,11 @@ def _shifted(values_for_next_token: torch.Tensor) -> torch.Tensor:
 
 
 class Learner:
+    critic_values_from_update: bool = True
+    """With one update per step (one epoch, one mini-batch), the critic's old values are its update's own forwards
+    (detached), run before the actor's, instead of a separate no-grad pass: the same numbers, one critic forward
+    fewer. ``False`` keeps the separate pass (the reference the tests compare with)."""
+
     def __init__(self, cfg: RunConfig, *, rank: int = 0, world_size: int = 1, device: str = "cpu"):
         self.cfg = cfg
         self.rank, self.world_size = rank, world_size
@@ -284,21 +312,25 @@ class Learner:
         return [*groups, *[None] * (self._max_over_ranks(len(groups)) - len(groups))]
 
     @torch.no_grad()
-    def _recompute(self, batch: TokenBatch, logprobs: bool = True) -> dict[str, torch.Tensor]:
-        """Learner log-probs (old/proximal; with ``logprobs``), critic values and reference log-probs."""
+    def _recompute(self, batch: TokenBatch, logprobs: bool = True, values: bool = True) -> dict[str, torch.Tensor]:
+        """Learner log-probs (old/proximal; with ``logprobs``), critic values (with ``values``) and reference
+        log-probs."""
+        values = values and self.critic is not None
+        if not (logprobs or values or self.ref is not None):
+            return {}
         T = batch.input_ids.shape[1]
         out: dict[str, list[torch.Tensor]] = defaultdict(list)
         groups = self._micro_rows(batch)
         # Under FSDP each forward gathers: a rank with fewer micro-batches runs throwaway ones.
         dummies = len(self._padded(groups)) - len(groups) if self.sharded else 0
         for _ in range(dummies):
-            self._throwaway_forward(batch, logprobs)
+            self._throwaway_forward(batch, logprobs, values)
         for rows in groups:
             mb = batch.select(rows).trimmed()
             pad = (0, T - mb.input_ids.shape[1])
             if logprobs:
                 out["old_logprobs"].append(torch.nn.functional.pad(self._policy_forward(self.actor_head, mb, False)[0], pad))
-            if self.critic is not None:
+            if values:
                 out["old_values"].append(torch.nn.functional.pad(self._value_forward(self.critic, mb), pad))
             if self.ref is not None:
                 out["ref_logprobs"].append(torch.nn.functional.pad(self._policy_forward(TokenLogits(self.ref), mb, False)[0], pad))
@@ -308,13 +340,13 @@ class Learner:
         self._reshard()  # FSDP keeps the root units gathered after a forward without backward: free them
         return {k: torch.cat(v)[inverse_t] for k, v in out.items()}
 
-    def _throwaway_forward(self, batch: TokenBatch, logprobs: bool) -> None:
+    def _throwaway_forward(self, batch: TokenBatch, logprobs: bool, values: bool) -> None:
         """The forwards of :meth:`_recompute` on one row, results dropped: this rank's share of the
         collectives of a micro-batch it does not have."""
         mb = batch.select(np.arange(min(batch.size, 1))).trimmed()
         if logprobs:
             self._policy_forward(self.actor_head, mb, False)
-        if self.critic is not None:
+        if values:
             self._value_forward(self.critic, mb)
 
     # ------------------------------------------------------------------ collectives and host reads
@@ -366,11 +398,21 @@ class Learner:
         # sees: its detached log-probs are the old (proximal) ones, filled in by _optimizer_step, and the
         # separate no-grad pass of the actor is skipped.
         single_pass = lc.epochs == 1 and n_mini == 1
+        # Likewise the critic's values before the update are its update's own forwards: they run first (every
+        # row's value is needed for the advantages), each micro-batch's loss and backward at once (its returns
+        # are its own rows' GAE), and the critic's optimizer step waits for the actor's backwards.
+        values_in_update = single_pass and self.critic is not None and self.critic_values_from_update
         t1 = time.perf_counter()
-        recomputed = self._recompute(batch, logprobs=not single_pass)
+        recomputed = self._recompute(batch, logprobs=not single_pass, values=not values_in_update)
         t2 = time.perf_counter()
         old_logprobs = torch.zeros_like(batch.behaviour_logprobs) if single_pass else recomputed["old_logprobs"]
-        old_values = recomputed.get("old_values")
+        critic_sums, critic_first_s = None, 0.0  # the critic's part of the update, timed with the update
+        if values_in_update:
+            old_values = torch.zeros_like(batch.behaviour_logprobs)
+            critic_sums = self._critic_first(batch, old_values)
+            critic_first_s = time.perf_counter() - t2
+        else:
+            old_values = recomputed.get("old_values")
         advantages, returns = self._advantages(batch, old_values)
 
         # Metrics stay device tensors (float64 where they are sums) until one _to_host at the end.
@@ -390,7 +432,7 @@ class Learner:
         t3 = time.perf_counter()
         for _epoch in range(lc.epochs):
             for mini in split_even(batch.size, n_mini):
-                step_metrics = self._optimizer_step(batch, mini, targets)
+                step_metrics = self._optimizer_step(batch, mini, targets, critic_sums)
                 for k, v in step_metrics.items():
                     sums[k] += v
                 n_steps += 1
@@ -407,7 +449,8 @@ class Learner:
         metrics.update(algo.lag_metrics([flat[r * k:(r + 1) * k] for r in range(len(algo.LAG_SUMS))],
                                         correction=self.algo_cfg.off_policy != "none"))
         metrics.update({"timing/learner_collate_s": t1 - t0, "timing/learner_recompute_s": t2 - t1,
-                        "timing/learner_advantages_s": t3 - t2, "timing/learner_update_s": t4 - t3})
+                        "timing/learner_advantages_s": t3 - t2 - critic_first_s,
+                        "timing/learner_update_s": t4 - t3 + critic_first_s})
         metrics["actor/skipped_steps"] = float(self.skipped_steps)
         metrics["learner/optimizer_steps"] = float(n_steps)
         metrics["learner/compute_bits"] = self.compute_bits
@@ -416,42 +459,90 @@ class Learner:
         self.policy_version += 1
         return TrainResult(self.policy_version, metrics)
 
-    def _optimizer_step(self, batch: TokenBatch, mini: slice, targets: UpdateTargets) -> dict[str, torch.Tensor | float]:
-        """One optimizer step on mini-batch ``mini`` of ``batch`` toward ``targets`` (with ``targets.fill_old``
-        the old log-probs are written here from this step's own pre-update forward instead of read)."""
-        a, t = self.algo_cfg, targets
-        old_logprobs, advantages, ref_logprobs = t.old_logprobs, t.advantages, t.ref_logprobs
+    def _micro_batches(self, batch: TokenBatch, mini: slice) -> tuple[list[_Micro], float, list[torch.Tensor]]:
+        """Mini-batch ``mini``'s micro-batches (padded to the count of the rank with the most), this rank's trained
+        tokens in it and the global ``[tokens, sequences]`` the losses divide by."""
         mb_all = batch.select(mini)
         idx = np.arange(batch.size)[mini]
         local_tokens = float(mb_all.num_trained)
         # The seq-mean modes average over rows with a trained token: a row with none is not a sequence there.
         local_seqs = float(mb_all.trained.any(axis=1).sum())
-        global_tokens, global_seqs = self._all_reduce_sum(local_tokens, local_seqs)
-        # DDP averages gradients over ranks; scaling by world_size turns that average into the sum
-        # of per-rank contributions, each already normalised by the global count.
-        scale = float(self.world_size)
-
-        self.actor_opt.zero_grad(set_to_none=True)
-        if self.critic_opt is not None:
-            self.critic_opt.zero_grad(set_to_none=True)
-        # Per-micro-batch metrics are accumulated on the device in float64 (what Python floats did).
-        sums: dict[str, torch.Tensor | float] = defaultdict(float)
+        counts = self._all_reduce_sum(local_tokens, local_seqs)
         groups = self._padded(self._micro_rows(mb_all)) or [None]
+        micros = []
         for i, local_rows in enumerate(groups):
-            last = i == len(groups) - 1
             host_rows = idx[local_rows] if local_rows is not None else idx[:0]
             empty = host_rows.size == 0
             if empty:
                 # This rank has no rows in this micro-batch but every rank must run the same forwards
                 # and backwards (collectives under DDP and FSDP): run one row with zero weight.
                 host_rows = idx[:1] if idx.size else np.arange(1)
-            mb = batch.select(host_rows).trimmed()
-            rows = torch.as_tensor(host_rows, device=self.device)
-            T = mb.input_ids.shape[1]
-            zero = 0.0 if empty else 1.0
-            with self._no_sync(self.actor_ddp, last):
+            micros.append(_Micro(mb=batch.select(host_rows).trimmed(), rows=torch.as_tensor(host_rows, device=self.device),
+                                 zero=0.0 if empty else 1.0, last=i == len(groups) - 1))
+        return micros, local_tokens, counts
+
+    def _critic_backward(self, u: _Micro, old_values: torch.Tensor, returns: torch.Tensor | None,
+                         counts: list[torch.Tensor], sums: dict[str, torch.Tensor | float],
+                         fill_from: TokenBatch | None = None) -> None:
+        """The critic's forward, loss and backward on micro-batch ``u``, its metrics added to ``sums``. With
+        ``fill_from`` (the step's batch, one update per step) its detached values are the old ones: written into
+        ``old_values`` first, and the returns its loss needs are its rows' GAE from them (GAE runs within a row,
+        here over the row's full width, as on the whole batch)."""
+        a = self.algo_cfg
+        with self._no_sync(self.critic_ddp, u.last):
+            values = self._value_forward(self.critic_ddp, u.mb)
+            if fill_from is not None:
+                if u.zero:
+                    old_values[u.rows, :u.T] = values.detach()
+                mask = fill_from.loss_mask[u.rows]
+                _, returns_rows = algo.compute_gae(algo.scores_to_token_rewards(fill_from.scores[u.rows], mask),
+                                                   old_values[u.rows], mask, a.gamma, a.gae_lambda)
+                returns_mb = returns_rows[:, :u.T]
+            else:
+                returns_mb = returns[u.rows, :u.T]
+            vloss, vm = algo.value_loss(values, old_values[u.rows, :u.T], returns_mb, u.mb.loss_mask * u.zero,
+                                        clip_range_value=a.clip_range_value, loss_agg_mode=a.loss_agg_mode,
+                                        num_tokens=counts[0], num_seqs=counts[1])
+            (vloss * float(self.world_size)).backward()
+        for k, v in vm.items():
+            key = f"critic/{k}"
+            sums[key] += v.detach().double() * (u.zero if key in ADDITIVE_METRICS else u.weight)
+
+    def _critic_first(self, batch: TokenBatch, old_values: torch.Tensor) -> dict[str, torch.Tensor | float]:
+        """One update per step: the critic's forwards and backwards of the step's one optimizer step, before the
+        actor's, their detached values written into ``old_values`` (the values before the update: the critic
+        has not stepped yet). Its gradients wait in ``.grad`` for :meth:`_optimizer_step`; returns its metric
+        sums."""
+        micros, _, counts = self._micro_batches(batch, slice(0, batch.size))
+        self.critic_opt.zero_grad(set_to_none=True)
+        sums: dict[str, torch.Tensor | float] = defaultdict(float)
+        for u in micros:
+            self._critic_backward(u, old_values, None, counts, sums, fill_from=batch)
+        return sums
+
+    def _optimizer_step(self, batch: TokenBatch, mini: slice, targets: UpdateTargets,
+                        critic_sums: dict[str, torch.Tensor | float] | None = None) -> dict[str, torch.Tensor | float]:
+        """One optimizer step on mini-batch ``mini`` of ``batch`` toward ``targets`` (with ``targets.fill_old``
+        the old log-probs are written here from this step's own pre-update forward instead of read). With
+        ``critic_sums`` the critic's backwards have run already (:meth:`_critic_first`): only its step is left."""
+        a, t = self.algo_cfg, targets
+        old_logprobs, advantages, ref_logprobs = t.old_logprobs, t.advantages, t.ref_logprobs
+        micros, local_tokens, counts = self._micro_batches(batch, mini)
+        global_tokens, global_seqs = counts
+        # DDP averages gradients over ranks; scaling by world_size turns that average into the sum
+        # of per-rank contributions, each already normalised by the global count.
+        scale = float(self.world_size)
+
+        self.actor_opt.zero_grad(set_to_none=True)
+        if self.critic_opt is not None and critic_sums is None:
+            self.critic_opt.zero_grad(set_to_none=True)
+        # Per-micro-batch metrics are accumulated on the device in float64 (what Python floats did).
+        sums: dict[str, torch.Tensor | float] = defaultdict(float)
+        for u in micros:
+            mb, rows, T, zero = u.mb, u.rows, u.T, u.zero
+            with self._no_sync(self.actor_ddp, u.last):
                 logprobs, entropy = self._policy_forward(self.actor_ddp, mb, with_entropy=True)
-                if t.fill_old and not empty:
+                if t.fill_old and zero:
                     old_logprobs[rows, :T] = logprobs.detach()
                 pg_inputs = algo.PolicyLossInputs(
                     logprobs=logprobs, old_logprobs=old_logprobs[rows, :T], advantages=advantages[rows, :T],
@@ -465,26 +556,18 @@ class Learner:
                     kl_type=a.kl_type,
                     num_tokens=global_tokens, num_seqs=global_seqs)
                 (loss * scale).backward()
-            w = float(mb.num_trained) * zero
             for k, v in m.items():
                 key = f"actor/{k}"
-                sums[key] += v.detach().double() * (zero if key in ADDITIVE_METRICS else w)
-            if self.critic_ddp is not None:
-                with self._no_sync(self.critic_ddp, last):
-                    values = self._value_forward(self.critic_ddp, mb)
-                    vloss, vm = algo.value_loss(values, t.old_values[rows, :T], t.returns[rows, :T], mb.loss_mask * zero,
-                                                clip_range_value=a.clip_range_value, loss_agg_mode=a.loss_agg_mode,
-                                                num_tokens=global_tokens, num_seqs=global_seqs)
-                    (vloss * scale).backward()
-                for k, v in vm.items():
-                    key = f"critic/{k}"
-                    sums[key] += v.detach().double() * (zero if key in ADDITIVE_METRICS else w)
+                sums[key] += v.detach().double() * (zero if key in ADDITIVE_METRICS else u.weight)
+            if self.critic_ddp is not None and critic_sums is None:
+                self._critic_backward(u, t.old_values, t.returns, counts, sums)
+        sums.update(critic_sums or {})
         # Additive metrics are already this rank's share of the mini-batch value; the others are
         # token-weighted means over micro-batches.
         local_w = max(local_tokens, 1e-9)
         metrics = {k: (v if k in ADDITIVE_METRICS else v / local_w) for k, v in sums.items()}
-        metrics["learner/micro_batches"] = float(len(groups))  # every rank runs as many (padded)
-        metrics["learner/padded_micro_batches"] = float(sum(local is None or local.size == 0 for local in groups))
+        metrics["learner/micro_batches"] = float(len(micros))  # every rank runs as many (padded)
+        metrics["learner/padded_micro_batches"] = float(sum(u.zero == 0.0 for u in micros))
         metrics["actor/grad_norm"] = self._clip_and_step(self.actor, self.actor_opt, count_skips=True)
         if self.critic_opt is not None:
             metrics["critic/grad_norm"] = self._clip_and_step(self.critic, self.critic_opt, count_skips=False)

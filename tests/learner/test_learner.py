@@ -351,9 +351,10 @@ def test_single_on_policy_update_skips_the_actor_recompute_without_changing_the_
 
     calls = []
     original = learner._recompute
-    learner._recompute = lambda b, logprobs=True: calls.append(logprobs) or original(b, logprobs)
+    learner._recompute = lambda b, logprobs=True, values=True: calls.append((logprobs, values)) or original(b, logprobs,
+                                                                                                          values)
     metrics = learner.train_step(shard).metrics
-    assert calls == [False]  # the actor's no-grad pass was skipped
+    assert calls == [(False, False)]  # the actor's no-grad pass was skipped (and the critic's)
     assert metrics["mismatch/k3_kl"] == pytest.approx(float(expected), abs=1e-7)
     assert metrics["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-7)
 
