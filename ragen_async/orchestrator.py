@@ -40,6 +40,7 @@ import numpy as np
 from ragen_async.buffer import Batch, TrajectoryBuffer
 from ragen_async.collapse import SIGNALS, CollapseWatch, EarlyWarning, stale_tokens
 from ragen_async.config import RunConfig, load_saved_config
+from ragen_async.learner.flops import tokens_per_s_per_gpu
 from ragen_async.protocol import NO_VERSION
 from ragen_async.records import reaper
 from ragen_async.records.budget import TrainingBudget
@@ -59,7 +60,7 @@ from ragen_async.runtime import Runtime
 from ragen_async.runtime.engine_pool import EnginePool
 from ragen_async.staleness import AdaptiveBound, KLTargetBound
 from ragen_async.weight_sync.probe import check_probe
-from ragen_async.weight_sync.verify import check_served, needed_digests
+from ragen_async.weight_sync.verify import check_served, checks_due, needed_digests
 
 log = logging.getLogger(__name__)
 
@@ -389,10 +390,12 @@ class Trainer:
         if open_admission:
             await self.runtime.admission.set_published_version(self.version)
         self.syncs += 1
-        every = self.cfg.weight_sync.verify_every
-        if every and (self.syncs == 1 or self.syncs % every == 0):  # under fixed lag: the older version sent
+        ws = self.cfg.weight_sync
+        check, probe = checks_due(self.syncs, verify_first=ws.verify_first, verify_every=ws.verify_every,
+                                  probe=ws.probe)
+        if check:  # under fixed lag: the older version sent
             out.update(await self.verify_weights(target))
-        if every and self.cfg.weight_sync.probe and self.syncs % every == 0:
+        if probe:
             learner_lp, engine_lps = await self.runtime.probe(probe_ids(self.runtime.vocab_size), target)
             # Above the dtype's tolerance an engine samples from other weights than the learner's: stop.
             out["weight_sync/probe_max_abs_diff"] = check_probe(learner_lp, engine_lps, version=target,
@@ -431,6 +434,7 @@ class Trainer:
             "throughput/tokens_per_s": n_tokens / max(step_s, 1e-9),
             "throughput/groups_per_s": len(o.batch.groups) / max(step_s, 1e-9),
             "throughput/learner_tokens_per_s": learner_metrics.get("learner/num_tokens", 0.0) / max(train_s, 1e-9),
+            "throughput/tokens_per_s_per_gpu": tokens_per_s_per_gpu(n_tokens, step_s, self.cfg.learner.num_ranks),
         }
 
     def validates_at(self, done: int) -> bool:

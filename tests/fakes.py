@@ -165,10 +165,10 @@ class TickRuntime(Runtime):
         raise AssertionError("not used")
 
     async def served_weights(self):
-        raise AssertionError("not used")
+        return [(self.served, [])]  # no weights: the byte-exact check at the first sync compares nothing
 
     async def published_digests(self, version, needed):
-        raise AssertionError("not used")
+        return {}
 
     async def validate(self):
         return {}

@@ -64,6 +64,11 @@ def test_three_steps_with_the_fake_engine(tiny_model_path, tmp_path, capsys):
         assert key in steps[-1], key
     assert [r["policy_version"] for r in steps] == [1, 2, 3]
     assert [v for v, _ in engine.loaded] == [1, 2, 3]  # every new version was pushed to the engine
+    # the byte-exact weight check at the first sync only (the default), over every tensor published
+    assert ["weight_sync/verified_tensors" in r for r in steps] == [True, False, False]
+    assert steps[0]["weight_sync/verified_tensors"] == len(engine.loaded[0][1])
+    # verl's tokens/s per GPU: every token over the step's wall time, per learner rank (one here)
+    assert all(r["throughput/tokens_per_s_per_gpu"] == r["throughput/tokens_per_s"] for r in steps)
     assert all(r["staleness/max"] == 0 for r in steps)  # synchronous: every token is fresh
     val = [r for r in records if "val/Bandit/success" in r]
     assert [r["learner/step"] for r in val] == [0, 3]

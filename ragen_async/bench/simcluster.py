@@ -140,7 +140,7 @@ class SimEngine(InferenceEngine):
 
     async def prompt_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
         raise RuntimeError("the simulated cluster runs no model: prompt log-probs (the weight-sync probe) are not available "
-                           "(weight_sync.verify_every=0)")
+                           "(weight_sync.verify_first=false, verify_every=0)")
 
     async def load_state_dict(self, named_tensors, version: int) -> None:  # noqa: ANN001
         self.clock.switch(version, time.monotonic())
@@ -463,7 +463,7 @@ def cluster_config(spec: ClusterSpec, steps: int, run_root: Path, group_size: in
         "learner": {"num_ranks": spec.ranks},
         "staleness": {"max_staleness": spec.max_staleness},
         "validation": {"every": 0},
-        "weight_sync": {"verify_every": 0},
+        "weight_sync": {"verify_first": False, "verify_every": 0},
         "logging": {"console": False, "wandb_mode": "disabled", "episodes_every": 0},
     })
 
@@ -528,13 +528,13 @@ class SimRuntime(RayRuntime):
         return np.concatenate([c for c, _ in per_host]), np.concatenate([p for _, p in per_host])
 
     async def probe(self, token_ids: list[int], version: int) -> tuple[list[float], list[list[float]]]:
-        raise RuntimeError("the simulated cluster has no weights to probe (weight_sync.verify_every=0)")
+        raise RuntimeError("the simulated cluster has no weights to probe (weight_sync.verify_first=false, verify_every=0)")
 
     async def served_weights(self) -> list[tuple[int, list]]:
-        raise RuntimeError("the simulated cluster has no weights to check (weight_sync.verify_every=0)")
+        raise RuntimeError("the simulated cluster has no weights to check (weight_sync.verify_first=false, verify_every=0)")
 
     async def published_digests(self, version: int, needed: list[tuple[str, str]]) -> dict:
-        raise RuntimeError("the simulated cluster has no weights to check (weight_sync.verify_every=0)")
+        raise RuntimeError("the simulated cluster has no weights to check (weight_sync.verify_first=false, verify_every=0)")
 
     async def validate(self) -> dict[str, float]:
         raise RuntimeError("the simulated cluster has no policy to validate (validation.every=0)")

@@ -107,7 +107,8 @@ class InferenceEngine(ABC):
         (:mod:`ragen_async.weight_sync.verify`): what the byte-exact weight check compares with the learner's
         published tensors. Engines without weights cannot take part in the check."""
         raise NotImplementedError(f"{type(self).__name__} cannot report the weights it serves, so the byte-exact "
-                                  "weight check cannot run on it (weight_sync.verify_every: 0 turns the checks off)")
+                                  "weight check cannot run on it (weight_sync.verify_first: false and "
+                                  "verify_every: 0 turn the checks off)")
 
     @abstractmethod
     async def pause(self) -> None:

@@ -76,6 +76,14 @@ class FakeEngine(InferenceEngine):
         self.loaded.append((version, {n: t.detach().clone() for n, t in named_tensors}))
         self._version = version
 
+    async def served_weights(self) -> tuple[int, list]:
+        """For the byte-exact weight check: a fake engine computes with nothing, so it reports exactly the
+        tensors of its last load (``loaded``), under the version it serves."""
+        from ragen_async.weight_sync.verify import served_entry
+
+        named = self.loaded[-1][1] if self.loaded else {}
+        return self._version, [served_entry(n, n.rsplit(".", 1)[0], t) for n, t in named.items()]
+
     async def pause(self) -> None:
         self._resumed.clear()
 
