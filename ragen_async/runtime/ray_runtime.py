@@ -88,12 +88,17 @@ SHARED_CHECK_TIMEOUT_S = 120.0
 """How long :func:`blind_nodes` waits for the nodes' answers."""
 
 
-def blind_nodes(marker: Path, token: str) -> list[str]:
-    """The alive Ray nodes (by address) that do not read ``token`` in the file ``marker``: a task pinned to each
-    reads it there (:func:`~ragen_async.records.rundir.refuse_unshared`)."""
+def alive_nodes() -> set[str]:
+    """The IDs of the Ray cluster's alive nodes."""
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+
+
+def blind_nodes(marker: Path, token: str, only: set[str] | None = None) -> list[str]:
+    """The alive Ray nodes (by address; ``only``: those of these IDs) that do not read ``token`` in the file
+    ``marker``: a task pinned to each reads it there (:func:`~ragen_async.records.rundir.refuse_unshared`)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    nodes = [n for n in ray.nodes() if n.get("Alive") and (only is None or n["NodeID"] in only)]
     reads = [_read_marker.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
              .remote(str(marker)) for n in nodes]
     try:
@@ -165,6 +170,9 @@ class RayRuntime(Runtime):
         self.receiver = None
         self.shard_senders: list[Any] = []
         self._last_check = time.perf_counter()
+        self._run_dir_given = run_dir_given
+        self._checked_nodes: set[str] = set()
+        """The nodes shown to see the run directory (all alive ones at the start; :meth:`_check_new_nodes`)."""
         self._published = 0
         self._started = False
         self.restarts = 0
@@ -176,6 +184,7 @@ class RayRuntime(Runtime):
             if run_dir_given is not None:  # the cluster is known now (a RAY_ADDRESS cluster, e.g. a Ray job's)
                 nodes = multi_node()
                 refuse_relative(*run_dir_given, nodes)
+                self._checked_nodes = alive_nodes()
                 if nodes is not None:
                     refuse_unshared(*run_dir_given, blind_nodes)
             self._build()
@@ -305,9 +314,21 @@ class RayRuntime(Runtime):
 
     async def receive(self, timeout_s: float) -> AnyGroup | None:
         if time.perf_counter() - self._last_check > self.HEALTH_CHECK_S:
+            self._check_new_nodes()
             await self._replace_dead()
             self._last_check = time.perf_counter()
         return self.receiver.receive(timeout_s)  # blocks this loop briefly: nothing else runs on it while collecting
+
+    def _check_new_nodes(self) -> None:
+        """A node that joined the cluster after the start (where a replaced rollout actor may land) must see the
+        run directory as the others do: the same check as at the start (``refuse_unshared``), on the new nodes
+        only; a blind one stops the run (``UnsharedRunDir``) naming it."""
+        if self._run_dir_given is None:
+            return
+        new = alive_nodes() - self._checked_nodes
+        if new:
+            refuse_unshared(*self._run_dir_given, lambda marker, token: blind_nodes(marker, token, only=new))
+            self._checked_nodes |= new
 
     # ------------------------------------------------------------------ rollout actor failures
     async def _replace_dead(self) -> None:
