@@ -141,10 +141,13 @@ def test_planted_sync_faults_pass_the_probe_and_are_caught_byte_for_byte(random_
     h.restore(_bf16(v2), version=2)
     engine_lp = h.run(h.engine.prompt_logprobs(SEQ))
     check_probe(_learner_logprobs(random_tied_qwen2, _bf16(v2)), [engine_lp], version=2, dtype="bfloat16")  # passes
-    with pytest.raises(WeightSyncMismatch) as info:
-        _check(_bf16(v2).items(), served(), version=2)
-    assert "model.embed_tokens.weight (as read by lm_head)" in str(info.value)
-    assert "1 tensor(s) differ" in str(info.value)  # the embedding itself (the lookup) is right
+    if h.run(h.engine.worker_rpc("_head_packs_its_weight", what="asking how the head computes"))[0]:
+        with pytest.raises(WeightSyncMismatch) as info:
+            _check(_bf16(v2).items(), served(), version=2)
+        assert "model.embed_tokens.weight (as read by lm_head)" in str(info.value)
+        assert "1 tensor(s) differ" in str(info.value)  # the embedding itself (the lookup) is right
+    else:  # this CPU's head reads the shared Parameter, which the reload wrote: no stale copy exists to catch
+        assert _check(_bf16(v2).items(), served(), version=2) == len(masters) + 1
 
     # healthy again: the same loads without a fault pass
     plant("")
