@@ -153,9 +153,8 @@ def bench_learner_cmd(
                  "one rank's share of a paper-scale step (configs/paper/starpo_s_sokoban.yaml: 8 trajectories of up to "
                  "4,000 tokens), synthetic token ids. FLOPs as torchtitan and verl count them (docs/benchmarks.md, "
                  "ragen_async/bench/flops.py): 6 x N without the embedding per token and pass, the attention term "
-                 "12 x layers x heads x head_dim x sequence length, the head at the scored positions, over every "
-                 "forward and backward of the step (old values, updates); recompute (activation checkpointing, the "
-                 "chunked head) apart: MFU leaves it out, HFU counts it. Peaks in TFLOP/s: the device's dense spec "
+                 "12 x layers x heads x head_dim x sequence length, over every forward and backward of the step "
+                 "(old values, updates); recompute (activation checkpointing) apart: MFU leaves it out, HFU counts it. Peaks in TFLOP/s: the device's dense spec "
                  "peak in the compute dtype (n/a on a CPU or a GPU not tabled) and a large matmul in the compute dtype "
                  "timed in this run", format_table(rows), out)
 
@@ -364,8 +363,8 @@ def bench_peer_cmd(
     out: Annotated[Path | None, typer.Option(help="append the tables to this markdown file")] = None,
     csv: Annotated[Path | None, typer.Option(help="write every step of every run here (CSV)")] = None,
 ) -> None:
-    """TRL's GRPOTrainer beside ours on the same model, environments, levels and algorithm surface
-    (ragen_async/bench/peer.py; needs the peer extra: pip install -e '.[peer]')."""
+    r"""TRL's GRPOTrainer beside ours on the same model, environments, levels and algorithm surface
+    (ragen_async/bench/peer.py; needs the peer extra: pip install -e '.\[peer]')."""
     try:
         import trl  # noqa: F401 - only to say how to install it
     except ImportError as e:
