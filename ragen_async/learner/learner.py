@@ -180,9 +180,12 @@ class TokenLogits(nn.Module):
                 temperature: float = 1.0, chunk_tokens: int | None = None,
                 with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(logprobs [N], entropy [N] or None)`` of ``targets`` at the positions ``flat_index``."""
-        # Right padding under causal attention needs no attention mask: no real token sees a pad. No KV cache: a
-        # cache (the config's default) would copy every layer's keys and values into it, for nothing.
-        hidden = self.lm.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
+        # Right padding under causal attention needs no attention mask: no real token sees a pad. The KV cache (the
+        # config's default) stays on, though it copies each layer's keys and values for nothing: without a cache and
+        # a mask, Transformers (5.19) looks for packed sequences in the position ids, a read of the device per
+        # forward (a GPU synchronisation; tests/learner/test_learner_devices.py); dropping the cache saved about 2 % of
+        # a CPU step, within the noise.
+        hidden = self.lm.base_model(input_ids=input_ids).last_hidden_state
         return algo.head_logprobs_entropy(self.lm.get_output_embeddings(), hidden.flatten(0, 1)[flat_index], targets,
                                           temperature=temperature, chunk_tokens=chunk_tokens,
                                           with_entropy=with_entropy)
@@ -277,9 +280,9 @@ class Learner:
         return logprobs, entropy.new_zeros(B * T).index_copy(0, token_index, entropy).view(B, T)
 
     def _value_forward(self, model: nn.Module, mb: TokenBatch) -> torch.Tensor:
-        # Right padding under causal attention needs no attention mask, nor a KV cache (see TokenLogits).
+        # Right padding under causal attention needs no attention mask; the KV cache stays on (see TokenLogits).
         with self._autocast(model):
-            values = model(input_ids=mb.input_ids, use_cache=False).logits
+            values = model(input_ids=mb.input_ids).logits
         return _shifted(values.float().squeeze(-1))
 
     def _autocast(self, model: nn.Module | None = None):
