@@ -172,7 +172,8 @@ class RayRuntime(Runtime):
         self._last_check = time.perf_counter()
         self._run_dir_given = run_dir_given
         self._checked_nodes: set[str] = set()
-        """The nodes shown to see the run directory (all alive ones at the start; :meth:`_check_new_nodes`)."""
+        """The nodes shown to see the run directory (on a multi-node run all alive ones at the start, then
+        :meth:`_check_new_nodes`); empty on one node."""
         self._published = 0
         self._started = False
         self.restarts = 0
@@ -184,9 +185,9 @@ class RayRuntime(Runtime):
             if run_dir_given is not None:  # the cluster is known now (a RAY_ADDRESS cluster, e.g. a Ray job's)
                 nodes = multi_node()
                 refuse_relative(*run_dir_given, nodes)
-                self._checked_nodes = alive_nodes()
                 if nodes is not None:
                     refuse_unshared(*run_dir_given, blind_nodes)
+                    self._checked_nodes = alive_nodes()  # a multi-node run's nodes: later ones are checked too
             self._build()
         except BaseException:
             self.close()  # half-built actors and the Ray we started must not outlive the error
@@ -323,7 +324,7 @@ class RayRuntime(Runtime):
         """A node that joined the cluster after the start (where a replaced rollout actor may land) must see the
         run directory as the others do: the same check as at the start (``refuse_unshared``), on the new nodes
         only; a blind one stops the run (``UnsharedRunDir``) naming it."""
-        if self._run_dir_given is None:
+        if self._run_dir_given is None or not self._checked_nodes:  # not a multi-node run
             return
         new = alive_nodes() - self._checked_nodes
         if new:
