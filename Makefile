@@ -77,10 +77,11 @@ test: model
 
 # The inner loop (482 tests, about half a minute on 2 cores; docs/benchmarks.md): the StarPO-S math, envs, episodes, codec and transport,
 # buffer, staleness and admission, config, budget, collapse watch; no engine, no cluster, no learner.
-FAST_TESTS := tests/algo tests/envs tests/agent tests/transport tests/test_buffer.py tests/test_staleness.py \
-	tests/test_adaptive_staleness.py tests/test_audit_staleness.py tests/records/test_budget.py tests/test_collapse.py \
-	tests/test_config.py tests/test_config_explain.py tests/test_loop.py tests/test_engine_pool.py tests/test_admission_gate.py \
-	tests/test_bounded_memory.py tests/test_layering.py tests/test_modeldir.py
+FAST_TESTS := tests/algo tests/envs tests/agent tests/rollout tests/transport tests/staleness/test_buffer.py \
+	tests/staleness/test_admission.py tests/staleness/test_adaptive.py tests/staleness/test_audit.py \
+	tests/staleness/test_collapse.py tests/staleness/test_gate.py tests/staleness/test_bounded_memory.py \
+	tests/records/test_budget.py tests/config/test_load.py tests/config/test_explain.py tests/system/test_loop.py \
+	tests/runtime/test_engine_pool.py tests/test_layering.py tests/test_modeldir.py
 test-fast: model
 	WANDB_MODE=disabled $(PY) -m pytest -q -x -m "not vllm and not slow" $(FAST_TESTS)
 

@@ -11,7 +11,7 @@
 #                                               # .whl/ gets them (cp312), installed from there first
 #
 # Stages (the question each answers, and what it needs):
-#   learner_cuda_tests  does a StarPO-S step on CUDA equal the CPU step? tests/learner/test_learner_cuda.py
+#   learner_cuda_tests  does a StarPO-S step on CUDA equal the CPU step? tests/learner/test_cuda.py
 #                       (needs CUDA)
 #   learner_learns      does the learner learn? `ragen-async bench learns`: a one-token bandit with a known
 #                       optimum (P(target) = 1), configs/paper/starpo_s_bandit.yaml's StarPO-S (critic, GAE,
@@ -102,7 +102,7 @@ skip() {  # skip NAME REASON
 
 cli=("$py" -m ragen_async.cli bench)
 if ((gpus)); then
-    stage learner_cuda_tests "$py" -m pytest -q -s -rs -m gpu -p no:cacheprovider tests/learner/test_learner_cuda.py
+    stage learner_cuda_tests "$py" -m pytest -q -s -rs -m gpu -p no:cacheprovider tests/learner/test_cuda.py
     stage learner_learns "${cli[@]}" learns --device cuda --steps 40 --json "$tmp/learns.json" --out "$out/benchmarks.md"
     stage learner_mfu "${cli[@]}" learner --shape qwen0.5b --device cuda --steps 2 --warmup 1 \
         --dtype float32 --dtype bfloat16 --json "$tmp/learner.json" --out "$out/benchmarks.md"

@@ -1,4 +1,10 @@
-"""Shared pytest setup: markers, the two-worker split of `make test`, the tiny models."""
+"""Shared pytest setup: markers, the two-worker split of `make test`, the tiny models.
+
+The layout's one rule: a test is ``tests/<folder>/test_<topic>.py``, the folder mirroring the subpackage of
+ragen_async it tests (plus staleness/ for the staleness bound and all it governs, system/ for whole training runs,
+config/ for config.py and configs/, launchers/ for launchers/ and slurm/), the topic not repeating the folder's
+name, and every basename unique across tests/ (pytest imports test files by basename); tests/ itself holds only
+``test_<module>.py`` for a root module of the package and the tests of the package's or this suite's own rules."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ bf16, Ray with vLLM on CPU, the paper's DDP over gloo on 2 ranks with the refere
 optimizer steps a learner step, every weight sync verified byte for byte): 2 steps, a checkpoint, --resume for a
 third, every check of scripts/paper_shape.py passing.
 
-Opt-in, like tests/test_soak.py: about 13 GiB (PSS, all processes) and 3-6 minutes on 2 cores, too much to run
+Opt-in, like tests/system/test_soak.py: about 13 GiB (PSS, all processes) and 3-6 minutes on 2 cores, too much to run
 beside another lane in `make test`:
 
     WANDB_MODE=disabled .venv/bin/python -m pytest -m soak -s tests/bench/test_paper_shape.py

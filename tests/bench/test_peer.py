@@ -1,5 +1,5 @@
 """``bench peer``'s two sides: the same surface on both, TRL's turns batched per round, the tables and the curve
-comparison (the end-to-end runs: test_peer_run.py; the losses: tests/algo/test_algo_trl_grpo.py)."""
+comparison (the end-to-end runs: test_peer_run.py; the losses: tests/algo/test_trl_grpo.py)."""
 
 from __future__ import annotations
 

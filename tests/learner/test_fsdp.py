@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ragen_async.learner.learner import Learner
-from tests.learner.test_learner import leave_group, make_cfg, make_shard, spawn_ranks
+from tests.learner.test_train_step import leave_group, make_cfg, make_shard, spawn_ranks
 
 # One mini-batch per step; small logits chunks so the chunked vocabulary head runs under FSDP too.
 OVERRIDES = ("learner.mini_batch_size=16", "learner.logits_chunk_tokens=32")

@@ -12,7 +12,7 @@ import torch
 
 from ragen_async.learner.learner import Learner
 from tests.learner.test_fsdp import STEP_ATOL, STEP_OUTLIERS
-from tests.learner.test_learner import leave_group, make_cfg, make_shard, spawn_ranks
+from tests.learner.test_train_step import leave_group, make_cfg, make_shard, spawn_ranks
 
 OVERRIDES = ("learner.mini_batch_size=16", "learner.micro_batch_size=2", "learner.strategy=fsdp")
 SPLIT = 12

@@ -9,7 +9,7 @@ import torch
 
 from ragen_async.learner.learner import Learner
 from ragen_async.learner.precision import cpu_has_bf16
-from tests.learner.test_learner import leave_group, make_cfg, make_shard, spawn_ranks
+from tests.learner.test_train_step import leave_group, make_cfg, make_shard, spawn_ranks
 
 PAPER_LR = ("learner.actor_lr=1e-6", "learner.critic_lr=1e-5", "learner.mini_batch_size=16")
 

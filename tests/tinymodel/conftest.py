@@ -3,7 +3,7 @@
 The shipped ``artifacts/tiny-model`` is used when it holds a complete build of the default config (it is only
 read); otherwise (a change to the config or the envs' text not yet rebuilt, which test_shipped.py reports), or
 with ``RAGEN_TINYMODEL_FRESH_BUILD=1``, a quick build (few SFT steps, few episodes) goes into a temporary
-directory. The builder's own tests (test_tinymodel_build.py) build small models of their own.
+directory. The builder's own tests (test_build.py) build small models of their own.
 """
 
 from __future__ import annotations

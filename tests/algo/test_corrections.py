@@ -1,6 +1,6 @@
 """Per-sample corrections of stale tokens (``algo.corrections``): by hand, against a deliberately plain loop over
 sequences, through ``policy_loss``, and what the per-lag metrics report. TRL's implementations are checked in
-test_algo_corrections_trl.py."""
+test_corrections_trl.py."""
 
 from __future__ import annotations
 

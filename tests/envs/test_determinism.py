@@ -34,7 +34,7 @@ def fingerprints() -> dict[str, list[list]]:
 
 
 def test_same_seed_same_episode_across_processes():
-    script = "import json, test_envs_determinism as t; print(json.dumps(t.fingerprints()))"
+    script = "import json, test_determinism as t; print(json.dumps(t.fingerprints()))"
     environment = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(Path(__file__).parent)]),

@@ -12,7 +12,7 @@ from torch.testing import assert_close
 
 from ragen_async.learner.learner import Learner
 from ragen_async.protocol import NO_VERSION
-from tests.learner.test_learner import make_cfg, make_shard
+from tests.learner.test_train_step import make_cfg, make_shard
 
 VERSION, AGE = 6, 5
 """The consuming learner's version and the stale trajectories' age (lag bucket 5)."""

@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from tests.test_ray_runtime import consumed_staleness, ray_cfg, run_ray
+from tests.system.test_ray_runtime import consumed_staleness, ray_cfg, run_ray
 
 pytestmark = [pytest.mark.ray_lane, pytest.mark.gpu, pytest.mark.vllm, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 BACKENDS = ["gloo", pytest.param("nccl", marks=pytest.mark.skipif(

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ragen_async.learner.learner import Learner
-from tests.learner.test_learner import make_cfg, make_shard
+from tests.learner.test_train_step import make_cfg, make_shard
 
 # Exact metrics: the losses and what the step reports of them (timings and FLOP rates aside).
 TIMED = ("timing/", "learner/tflops_per_gpu")

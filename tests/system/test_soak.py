@@ -4,7 +4,7 @@ engine-core process, in turn), with every process's resident memory sampled thro
 Marked ``soak``: deselected by default (``addopts``), run by hand before stopping and reported in
 docs/reliability.md::
 
-    SOAK_MINUTES=30 SOAK_OUT=artifacts/soak WANDB_MODE=disabled .venv/bin/python -m pytest -m soak -s tests/test_soak.py
+    SOAK_MINUTES=30 SOAK_OUT=artifacts/soak WANDB_MODE=disabled .venv/bin/python -m pytest -m soak -s tests/system/test_soak.py
 
 ``SOAK_OUT`` receives ``soak_summary.json`` (the figures below) and ``soak_rss.csv`` (every sample).
 

@@ -6,7 +6,7 @@ import pytest
 
 from ragen_async.config import ConfigError, RunConfig, dump_config, load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if "sweeps" not in p.parts)
 
 

@@ -1,5 +1,5 @@
 """The engine pool's key: a warm rollout actor is reused only by a run whose engine would be built the same way.
-(The pool at work, on real Ray and vLLM, is in test_ray_runtime.py.)"""
+(The pool at work, on real Ray and vLLM, is in tests/system/test_ray_runtime.py.)"""
 
 from __future__ import annotations
 

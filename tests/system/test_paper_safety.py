@@ -20,9 +20,9 @@ from ragen_async.records import rundir
 from ragen_async.records.metrics import MemorySink
 from ragen_async.records.rundir import DRIVER_STATE, RunDir, finalize_checkpoint, staging_path, verify_checkpoint
 from ragen_async.runtime import LocalRuntime
-from tests.test_orchestrator_local import bandit_cfg, fake_bandit_engine
+from tests.system.test_orchestrator_local import bandit_cfg, fake_bandit_engine
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NCCL_DEATH = "rollout actor(s) [1] died; replacing actors on the NCCL path is not supported"
 """What ``RayRuntime._replace`` raises when a rollout actor dies on the NCCL path."""
 

@@ -19,7 +19,7 @@ TRL's own code computes its side:
 TRL's own truncated / masked importance sampling against the engine (``vllm_importance_sampling_mode``) is computed
 inside ``_generate_and_score_completions`` from vLLM's log-probs, not by a function these tests can call; its
 sequence level is the product of the token ratios, not their geometric mean. ``age`` has no counterpart in TRL:
-test_algo_corrections.py checks it (and every other mode) against a plain loop over sequences.
+test_corrections.py checks it (and every other mode) against a plain loop over sequences.
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ def _traj(header: dict, rng: np.random.Generator) -> dict:
 
 def flipped_bit(rng, valid, secret, legit):
     """One bit flipped in the signature (the header stays parseable; a bit flipped in the data frame is the
-    learner's check, test_transport_codec.py::test_learner_rejects_bad_forwarded_shards)."""
+    learner's check, test_codec.py::test_learner_rejects_bad_forwarded_shards)."""
     i = 0
     damaged = bytearray(valid[i])
     damaged[int(rng.integers(len(damaged)))] ^= 1 << int(rng.integers(8))
@@ -190,7 +190,7 @@ KINDS: dict[str, tuple[Callable[..., Frames], str]] = {
         "unknown_version",
     ),
     # validly signed, values out of range (what only the arrays show is the learner's check: see
-    # test_transport_codec.py::test_learner_rejects_bad_forwarded_shards)
+    # test_codec.py::test_learner_rejects_bad_forwarded_shards)
     "non_finite_reward": (non_finite_reward, "malformed"),
     "wrong_array_length": (wrong_array_length, "malformed"),
     "frame_cut_short": (frame_cut_short, "malformed"),

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ragen_async.learner.learner import Learner
-from tests.learner.test_learner import make_cfg, make_shard
+from tests.learner.test_train_step import make_cfg, make_shard
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -13,7 +13,7 @@ import torch
 from ragen_async.algo.filtering import select_groups_by_reward_std
 from ragen_async.config import RunConfig, load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAPER = sorted([*(ROOT / "configs/paper").glob("starpo*.yaml"), *(ROOT / "configs/paper").glob("grpo*.yaml")])
 """The paper's runs (not helpers such as make paper-shape's small-batch config)."""
 SECTION = "## One optimizer pass per step"

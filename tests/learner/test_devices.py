@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ragen_async.learner.learner import Learner
-from tests.learner.test_learner import make_cfg, make_shard
+from tests.learner.test_train_step import make_cfg, make_shard
 
 aten = torch.ops.aten
 
