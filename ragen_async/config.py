@@ -21,7 +21,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 class _Strict(BaseModel):
     # use_attribute_docstrings: the string under each field becomes its description in the JSON schema
-    # (and in ``ragen-async config --explain``); every field has one (tests/test_config_explain.py).
+    # (and in ``ragen-async config --explain``); every field has one (tests/config/test_explain.py).
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
@@ -193,7 +193,7 @@ class LearnerConfig(_Strict):
     """Trained positions whose fp32 vocabulary logits exist at once (log-probs and entropy are
     computed chunk by chunk, backward recomputes each chunk); ``None`` = all of a micro-batch at once.
     With a 151,936-token vocabulary, 512 positions are 0.3 GB of fp32 logits; a chunk's backward holds
-    about ten such tensors (measured on CPU: tests/algo/test_algo_head_chunks.py)."""
+    about ten such tensors (measured on CPU: tests/algo/test_head_chunks.py)."""
     epochs: int = Field(1, ge=1)
     """Passes over each step's batch (PPO epochs), each one optimizer step per mini-batch."""
     num_ranks: int = Field(1, ge=1)
@@ -238,6 +238,10 @@ class InferenceConfig(_Strict):
     clear ("CPU Generator does not use offset"), so ``keep`` is the default."""
 
 
+EarlyWarningSignal = Literal["reward_std", "entropy", "grad_norm", "stale_kl", "stale_ess", "kl_rise"]
+"""The early-warning signals, in report order (``staleness/collapse.py`` defines each: ``SIGNALS``)."""
+
+
 class StalenessConfig(_Strict):
     max_staleness: int | None = Field(0, ge=0)
     """k: no consumed token is more than k policy versions old. 0 = synchronous, None = unbounded."""
@@ -245,8 +249,8 @@ class StalenessConfig(_Strict):
     """Publish version v-k to the engines so every token is exactly k versions old (needs k set)."""
     adaptive: bool = False
     """Let the bound move between adaptive_min_staleness and max_staleness (where it starts): halve it at a step
-    where an early-warning signal fires (``collapse.EarlyWarning``), raise it by one after
-    adaptive_patience quiet steps (``staleness.AdaptiveBound``); logged as ``staleness/max_staleness``. With
+    where an early-warning signal fires (``staleness.collapse.EarlyWarning``), raise it by one after
+    adaptive_patience quiet steps (``staleness.controllers.AdaptiveBound``); logged as ``staleness/max_staleness``. With
     max_staleness null it starts unbounded and a warning sets adaptive_engage_staleness."""
     adaptive_engage_staleness: int | None = Field(
         None, ge=0, validation_alias=AliasChoices("adaptive_engage_staleness", "adaptive_engage_k"))
@@ -258,11 +262,11 @@ class StalenessConfig(_Strict):
     adaptive_patience: int = Field(10, ge=1)
     """Quiet learner steps before the adaptive controller raises the bound by one."""
     adaptive_signals: list[str] = Field(default_factory=lambda: ["reward_std", "entropy", "grad_norm"])
-    """The early-warning signals that halve the adaptive bound (``collapse.SIGNALS``; RAGEN's three by
+    """The early-warning signals that halve the adaptive bound (:data:`EarlyWarningSignal`; RAGEN's three by
     default, the staleness-specific ``stale_kl``, ``stale_ess`` and ``kl_rise`` on request)."""
     kl_target: float | None = Field(None, gt=0)
     """Adaptive: move the bound to hold the stale tokens' KL (``stale/k3_kl``, averaged) under this target
-    (``staleness.KLTargetBound``) instead of on warnings; starts at max_staleness, stays within adaptive_min_staleness
+    (``staleness.controllers.KLTargetBound``) instead of on warnings; starts at max_staleness, stays within adaptive_min_staleness
     .. adaptive_max_staleness; None = the warnings move it."""
     adaptive_max_staleness: int | None = Field(
         None, ge=1, validation_alias=AliasChoices("adaptive_max_staleness", "adaptive_max_k"))
@@ -286,12 +290,11 @@ class StalenessConfig(_Strict):
         if self.adaptive_engage_staleness is not None and not (self.adaptive and self.max_staleness is None):
             raise ValueError("staleness.adaptive_engage_staleness applies only with staleness.adaptive and "
                              "max_staleness null")
-        from ragen_async.collapse import SIGNALS
-
-        unknown = [s for s in self.adaptive_signals if s not in SIGNALS]
+        signals = get_args(EarlyWarningSignal)
+        unknown = [s for s in self.adaptive_signals if s not in signals]
         if unknown or not self.adaptive_signals:
             raise ValueError(f"staleness.adaptive_signals {self.adaptive_signals}: expected one or more of "
-                             f"{', '.join(SIGNALS)}")
+                             f"{', '.join(signals)}")
         if self.kl_target is not None and not (self.adaptive and self.max_staleness is not None):
             raise ValueError("staleness.kl_target moves the adaptive bound from where it starts: it needs "
                              "staleness.adaptive and an integer staleness.max_staleness >= 1")

@@ -37,8 +37,6 @@ from typing import Any
 
 import numpy as np
 
-from ragen_async.buffer import Batch, TrajectoryBuffer
-from ragen_async.collapse import SIGNALS, CollapseWatch, EarlyWarning, stale_tokens
 from ragen_async.config import RunConfig, load_saved_config
 from ragen_async.learner.flops import tokens_per_s_per_gpu
 from ragen_async.protocol import NO_VERSION
@@ -58,7 +56,9 @@ from ragen_async.records.rundir import (
 from ragen_async.rollout.worker import rollout_metrics
 from ragen_async.runtime import Runtime
 from ragen_async.runtime.engine_pool import EnginePool
-from ragen_async.staleness import AdaptiveBound, KLTargetBound
+from ragen_async.staleness.bound import StalenessBound
+from ragen_async.staleness.buffer import Batch, TrajectoryBuffer
+from ragen_async.staleness.collapse import SIGNALS, CollapseWatch, EarlyWarning, stale_tokens
 from ragen_async.weight_sync.probe import check_probe
 from ragen_async.weight_sync.verify import check_served, checks_due, needed_digests
 
@@ -124,13 +124,13 @@ def make_sink(cfg: RunConfig, run_dir: RunDir, skip_wandb_until: int = -1) -> Me
     return MultiSink(sinks)
 
 
-def make_buffer(cfg: RunConfig) -> TrajectoryBuffer:
+def make_buffer(cfg: RunConfig, bound: StalenessBound) -> TrajectoryBuffer:
+    """The run's trajectory buffer, asking ``bound`` (the run's one bound) for each group's."""
     return TrajectoryBuffer(
-        groups_per_step=cfg.rollout.groups_per_step, max_staleness=cfg.staleness.max_staleness,
-        filter_mode=cfg.algo.filter_mode, filter_ratio=cfg.algo.filter_ratio, norm_mode=cfg.algo.grpo_norm,
-        num_ranks=cfg.learner.num_ranks if cfg.runtime == "ray" else 1, fixed_lag=cfg.staleness.fixed_lag,
-        group_size=cfg.rollout.group_size, consume=cfg.staleness.consume,
-        hist_max=cfg.staleness.adaptive_max_staleness if cfg.staleness.adaptive else None)
+        groups_per_step=cfg.rollout.groups_per_step, filter_mode=cfg.algo.filter_mode,
+        filter_ratio=cfg.algo.filter_ratio, norm_mode=cfg.algo.grpo_norm,
+        num_ranks=cfg.learner.num_ranks if cfg.runtime == "ray" else 1, group_size=cfg.rollout.group_size,
+        consume=cfg.staleness.consume, bound=bound)
 
 
 def make_runtime(cfg: RunConfig, log_dir: Path | None = None, pool: EnginePool | None = None,
@@ -192,7 +192,9 @@ class Trainer:
                  stop: StopRequest | None = None):
         self.cfg, self.run_dir, self.sink, self.runtime = cfg, run_dir, sink, runtime
         self.stop = stop or StopRequest()
-        self.buffer = make_buffer(cfg)
+        self.bound = StalenessBound.from_config(cfg.staleness)
+        """The run's staleness bound, the one object that holds it (with the adaptive controller, if any)."""
+        self.buffer = make_buffer(cfg, self.bound)
         self.provenance = ProvenanceLog(run_dir.path / "provenance.jsonl" if cfg.record_provenance else None)
         self.start_step = 0
         self.version = 0
@@ -209,17 +211,6 @@ class Trainer:
         """The early-warning signals, step by step (``warning/<signal>``)."""
         self._tokenizer: Any = None
         """Loaded on the first ``log_episodes``."""
-        s = cfg.staleness
-        self.adaptive: AdaptiveBound | KLTargetBound | None = None
-        """Adaptive staleness (``staleness.adaptive``): the warnings, or the stale tokens' KL against
-        ``staleness.kl_target``, move the bound."""
-        if s.adaptive and s.kl_target is not None:
-            self.adaptive = KLTargetBound(s.kl_target, s.max_staleness, s.adaptive_min_staleness, s.adaptive_max_staleness,
-                                       s.adaptive_patience)
-        elif s.adaptive:
-            self.adaptive = AdaptiveBound(s.max_staleness, s.adaptive_min_staleness, s.adaptive_patience, s.adaptive_engage_staleness)
-        self.consumed_bound: int | None = None
-        """Adaptive: the loosest bound the last batch's groups were admitted under (``staleness/consumed_bound``)."""
         self.completed = 0
         """The last learner step whose update the learner holds (what a failure saves)."""
         self.saved_step: int | None = None
@@ -310,8 +301,7 @@ class Trainer:
             await self._report(consumed=[])
         batch = self.buffer.next_batch(self.version, step, time.time())
         await self._report(consumed=batch.indices)
-        bounds = {g.index: self.buffer.bound_of(g.index) for g in batch.groups} if self.adaptive is not None else None
-        self.consumed_bound = max((b for b in (bounds or {}).values() if b is not None), default=None)
+        bounds = self.bound.consumed(g.index for g in batch.groups)
         self.provenance.write(step + 1, self.version, batch.groups, batch.shards, self._drops, bounds)
         self._drops = []
         return batch
@@ -325,36 +315,16 @@ class Trainer:
     async def adapt(self, record: dict[str, Any]) -> None:
         """This step's early warnings (``warning/<signal>`` in ``record``); under adaptive staleness they, or with
         ``staleness.kl_target`` the stale tokens' KL, set the bound for the next steps, at admission and in the
-        buffer together, and the record says whether it moved (``staleness/bound_change``)."""
+        buffer together (``StalenessBound.decide`` and ``move``), and the record says whether it moved."""
         record.update(stale_tokens(record))
         fired = self.warnings.update(record)
         record.update({f"warning/{s}": float(s in fired) for s in SIGNALS})
-        fired &= set(self.cfg.staleness.adaptive_signals)
-        if self.adaptive is None:
-            return
-        before = self.buffer.max_staleness
-        if self.consumed_bound is not None:
-            record["staleness/consumed_bound"] = float(self.consumed_bound)
-        if isinstance(self.adaptive, KLTargetBound):
-            after = self.adaptive.update(record.get("stale/k3_kl"), self.consumed_bound)
-            record["staleness/controller_kl"] = math.nan if self.adaptive.kl is None else self.adaptive.kl
-        else:
-            after = self.adaptive.update(bool(fired))
-        raised = after is None or (before is not None and after > before)
-        record["staleness/bound_change"] = 0.0 if after == before else 1.0 if raised else -1.0
-        if after != before:
-            why = self.adaptive.reason + (f" ({', '.join(sorted(fired))})" if fired and self.adaptive.reason == "a warning"
-                                       else "")
-            line = f"adaptive staleness: bound {before} -> {after} after step {record.get('learner/step')}: {why}"
+        move = self.bound.decide(record, fired & set(self.cfg.staleness.adaptive_signals))
+        if move is not None:
+            line = move.line(record.get("learner/step"))
             print(line, flush=True)  # the run's console, with its step lines
             log.info(line)
-            await self.set_bound(after)
-
-    async def set_bound(self, k: int | None) -> None:
-        """The bound for groups admitted from now on, at admission and in the buffer together (in order, each
-        group keeps the bound it was admitted under: ``TrajectoryBuffer.set_max_staleness``)."""
-        first = await self.runtime.admission.set_max_staleness(k)
-        self.buffer.set_max_staleness(k, from_index=first)
+            await self.bound.move(move.after, self.runtime.admission)
 
     def log_episodes(self, step: int, batch: Batch) -> None:
         """Every ``logging.episodes_every`` steps, a few of the batch's episodes as text."""
@@ -425,7 +395,7 @@ class Trainer:
             "learner/idle_frac": max(0.0, 1 - train_s / max(step_s, 1e-9)),
             "staleness/admission_wait_s": float(np.mean(wait)),
             "staleness/admission_refusals": float(admission["refusals"]),
-            "staleness/max_staleness": math.nan if self.buffer.max_staleness is None else float(self.buffer.max_staleness),
+            "staleness/max_staleness": math.nan if self.bound.current is None else float(self.bound.current),
             "staleness/groups_outstanding": float(len(admission["outstanding"])),
             "transport/duplicate_groups": float(self.duplicates),
             "rollout/engine_versions_min": min(s["policy_version"] for s in o.rollout_after),
@@ -476,8 +446,7 @@ class Trainer:
         await self.runtime.save(path, step)
         state = {"step": step, "version": self.version, "syncs": self.syncs,
                  "admission": await self.runtime.admission.state(), "early_warning": self.warnings.state(),
-                 "adaptive": self.adaptive.state() if self.adaptive is not None else None,
-                 "bounds": self.buffer.bounds_state(),
+                 **self.bound.state(),
                  "budget": self.budget.state(), "collapse_watch": self.collapse_watch.state(),
                  "duplicate_groups": self.duplicates}
         (path / DRIVER_STATE).write_text(json.dumps(state))
@@ -528,13 +497,7 @@ class Trainer:
             self.budget.restore(state["budget"])
             self.collapse_watch.restore(state["collapse_watch"])
             self.duplicates = int(state["duplicate_groups"])
-        if self.adaptive is not None and state.get("adaptive"):
-            self.adaptive.restore(state["adaptive"])
-            await self.runtime.admission.set_max_staleness(self.adaptive.max_staleness)
-            if "bounds" in state and self.buffer.consume == "in_order":  # replayed groups keep their own bound
-                self.buffer.restore_bounds(state["bounds"])
-            else:
-                self.buffer.set_max_staleness(self.adaptive.max_staleness)
+        await self.bound.restore(state, self.runtime.admission)
         log.info("resumed from %s at step %d (policy version %d, %d groups to replay)", checkpoint,
                  self.start_step, self.version, len(state["admission"]["outstanding"]))
 

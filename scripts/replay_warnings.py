@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Replay an early-warning signal on committed runs: feed each learner step's metrics (``metrics.jsonl``, one record
-per step, the latest written) to ``collapse.EarlyWarning`` and print the steps it fires at, beside the steps the
+per step, the latest written) to ``staleness.collapse.EarlyWarning`` and print the steps it fires at, beside the steps the
 run itself logged (``warning/<signal>``; runs from before the signal existed logged none).
 
     .venv/bin/python scripts/replay_warnings.py studies/specimen/bounded/runs/*kinf*/*/
@@ -17,7 +17,7 @@ import math
 import sys
 from pathlib import Path
 
-from ragen_async.collapse import SIGNALS, EarlyWarning
+from ragen_async.staleness.collapse import SIGNALS, EarlyWarning
 from ragen_async.study.report.runs import RunData
 
 

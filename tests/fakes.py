@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import yaml
 
-from ragen_async.buffer import TrajectoryBuffer
 from ragen_async.learner.learner import TrainResult
 from ragen_async.protocol import NO_VERSION, Trajectory, TrajectoryGroup, TurnRecord
 from ragen_async.runtime import LocalAdmission, Runtime
-from ragen_async.staleness import format_group_id
+from ragen_async.staleness.buffer import TrajectoryBuffer
+from ragen_async.staleness.ids import format_group_id
 
 
 def make_traj(group_id: str, i: int, turn_versions: list[int], reward: float, reply: int = 3) -> Trajectory:

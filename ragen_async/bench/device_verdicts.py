@@ -109,7 +109,7 @@ def verdicts(stages: list[dict], data: dict, paper_run_out: str | None = None, v
     if not unanswered("learner_cuda", "learner_cuda_tests"):
         rc = by_name["learner_cuda_tests"]["exit"]
         out["learner_cuda"] = (rc == 0, f"VERDICT learner_cuda: {'yes' if rc == 0 else 'no'} (tests/learner/"
-                                        f"test_learner_cuda.py: pytest exit {rc}; a CUDA step equals the CPU step)")
+                                        f"test_cuda.py: pytest exit {rc}; a CUDA step equals the CPU step)")
     if not unanswered("learns", "learner_learns"):
         if data.get("learns") is None:
             failed("learns", "learner_learns")

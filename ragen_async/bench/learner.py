@@ -95,7 +95,7 @@ def random_qwen(out: Path, dtype: str = "bfloat16") -> Path:
 
 def make_shard(shape: GroupShape, trajectories: int, vocab: int, cfg):
     """One rank's batch: ``trajectories`` synthetic trajectories of ``shape`` through the real buffer."""
-    from ragen_async.buffer import TrajectoryBuffer
+    from ragen_async.staleness.buffer import TrajectoryBuffer
 
     groups = [synthetic_group(shape, i, vocab=vocab) for i in range(math.ceil(trajectories / shape.trajectories))]
     buffer = TrajectoryBuffer(len(groups), max_staleness=None, filter_mode="none", filter_ratio=1.0,

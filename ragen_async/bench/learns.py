@@ -87,7 +87,7 @@ def _next_token_probs(learner, prompt) -> np.ndarray:
 def _groups(step: int, probs: np.ndarray, target: int, prompt: list[int], version: int, n_groups: int,
             group_size: int, seed: int):
     from ragen_async.protocol import NO_VERSION, Trajectory, TrajectoryGroup, TurnRecord
-    from ragen_async.staleness import format_group_id
+    from ragen_async.staleness.ids import format_group_id
 
     rng = np.random.default_rng([seed, step])  # the same draws for every dtype
     cdf = np.cumsum(probs)
@@ -155,8 +155,8 @@ def run_curve(model_path: str, dtype: str, device: str, steps: int, prompt: list
 def _run_curve(cfg, device, steps, prompt, target, seed, on_step) -> Curve:
     import torch
 
-    from ragen_async.buffer import TrajectoryBuffer
     from ragen_async.learner.learner import Learner
+    from ragen_async.staleness.buffer import TrajectoryBuffer
 
     learner = Learner(cfg, device=device)
     curve = Curve(dtype=cfg.model.dtype, compute_dtype=str(learner.compute_dtype).removeprefix("torch."))

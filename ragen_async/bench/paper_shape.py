@@ -68,7 +68,7 @@ INIT_STD = 0.02
 FIRST_RUN_STEPS, TOTAL_STEPS = 2, 3
 PROBE_TOLERANCE = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}
 """Largest engine-vs-learner probe difference (nats) accepted, by ``model.dtype``. float32 on both sides agrees
-to ~1e-5 (tests/test_ray_runtime.py asserts 1e-3). In bf16 the two sides' kernels round differently: measured
+to ~1e-5 (tests/system/test_ray_runtime.py asserts 1e-3). In bf16 the two sides' kernels round differently: measured
 on this init, engine vs learner 1.2e-2 at 2 layers; a bf16 against an fp32 forward of the probe 1.3e-2 at 2
 layers and 2.1e-2 at 24. A wrong, missing or garbled tensor moves log-probs by far more; a missed step at lr
 1e-6 moves them by less than this noise (the probe cannot see one; the moved-weights check covers training)."""

@@ -7,7 +7,7 @@ plays ``assign_group(i)``, as our rollout workers do), with the same algorithm s
 clip 0.2 / 0.28 with dual clip c = 3 (TRL's two-sided clip ``delta``), the entropy bonus, token-mean aggregation
 (TRL's ``bnpo``: the same number with one optimizer step a batch), the learning rate, AdamW's betas and weight decay,
 gradient clipping, activation checkpointing (off; TRL's default is on), the sampling temperature, the group size, groups per step, tokens per turn and one optimizer
-pass per step at a constant learning rate. tests/algo/test_algo_trl_grpo.py checks that the two losses and
+pass per step at a constant learning rate. tests/algo/test_trl_grpo.py checks that the two losses and
 advantages agree on identical inputs.
 
 **TRL's side** (:func:`run_trl`) plays our environment code (``agent.episode.play_episode``: our prompts, parsing,

@@ -60,7 +60,7 @@ from ragen_async.protocol import NO_VERSION, Trajectory, TrajectoryGroup, TurnRe
 from ragen_async.rollout.actor import ADMIT_WAIT_S
 from ragen_async.rollout.worker import RolloutWorker, assign_group
 from ragen_async.runtime.ray_runtime import RayRuntime
-from ragen_async.staleness import format_group_id
+from ragen_async.staleness.ids import format_group_id
 from ragen_async.transport import TransportTimeout, encode, make_sender
 
 ADMISSIONS = ("wait", "poll")

@@ -183,7 +183,7 @@ class TokenLogits(nn.Module):
         # Right padding under causal attention needs no attention mask: no real token sees a pad. The KV cache (the
         # config's default) stays on, though it copies each layer's keys and values for nothing: without a cache and
         # a mask, Transformers (5.19) looks for packed sequences in the position ids, a read of the device per
-        # forward (a GPU synchronisation; tests/learner/test_learner_devices.py); dropping the cache saved about 2 % of
+        # forward (a GPU synchronisation; tests/learner/test_devices.py); dropping the cache saved about 2 % of
         # a CPU step, within the noise.
         hidden = self.lm.base_model(input_ids=input_ids).last_hidden_state
         return algo.head_logprobs_entropy(self.lm.get_output_embeddings(), hidden.flatten(0, 1)[flat_index], targets,

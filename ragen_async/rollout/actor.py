@@ -23,8 +23,8 @@ from ragen_async.inference.base import InferenceEngine
 from ragen_async.protocol import TrajectoryGroup
 from ragen_async.records.logfiles import redirect_output
 from ragen_async.rollout.engines import make_engine
-from ragen_async.rollout.gate import AdmissionGate
 from ragen_async.rollout.worker import RolloutWorker, validate_engine
+from ragen_async.staleness.gate import AdmissionGate
 from ragen_async.transport import make_sender
 from ragen_async.weight_sync import WeightReceiver, make_receiver, resolve_backend
 

@@ -22,7 +22,7 @@ from ragen_async.config import AgentConfig, EnvGroupSpec, InferenceConfig, RunCo
 from ragen_async.envs.registry import make_env_from_tag
 from ragen_async.inference.base import InferenceEngine
 from ragen_async.protocol import Trajectory, TrajectoryGroup
-from ragen_async.staleness import format_group_id
+from ragen_async.staleness.ids import format_group_id
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 The loop decides *what* happens and in which order (collect a batch, train, publish, validate, checkpoint); a
 :class:`Runtime` decides *where* the parts run and how they are connected (``runtime/local.py``: one process;
 ``runtime/ray_runtime.py``: Ray actors, ZeroMQ, a torch.distributed learner pool). :class:`Admission` is the loop's
-handle on the run's one admission controller (``staleness.AdmissionController``), in-process or a Ray actor.
+handle on the run's one admission controller (``staleness.admission.AdmissionController``), in-process or a Ray actor.
 """
 
 from __future__ import annotations

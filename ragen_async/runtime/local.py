@@ -29,7 +29,7 @@ from ragen_async.protocol import AnyGroup, BatchShard, TrajectoryGroup
 from ragen_async.rollout.engines import make_engine
 from ragen_async.rollout.worker import RolloutWorker, validate_engine
 from ragen_async.runtime.base import Admission, Runtime
-from ragen_async.staleness import AdmissionController
+from ragen_async.staleness.admission import AdmissionController
 from ragen_async.weight_sync.inproc import InProcessPublisher
 from ragen_async.weight_sync.verify import published_digests
 

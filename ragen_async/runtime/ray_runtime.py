@@ -4,7 +4,7 @@ The one loop (``orchestrator.Trainer``) drives this runtime exactly as it drives
 
 * ``receive`` takes groups from the ZeroMQ receiver the rollout actors push to (and polls the actors'
   health), while every rollout actor plays groups continuously, asking the admission gate (a Ray actor
-  over the pure ``AdmissionController``, ``rollout/gate.py``) before it starts one; a request that finds no
+  over the pure ``AdmissionController``, ``staleness/gate.py``) before it starts one; a request that finds no
   free slot waits at the gate until one opens. With ``max_staleness = k`` a group may
   start only while the groups started are at most ``(k + v + 1) x groups_per_step`` for the version
   ``v`` every engine has loaded (AReaL's rule), so no consumed token is more than k versions old; the

@@ -1,6 +1,6 @@
 """The staleness study's statistics: collapse, its early warnings, and cells of seeds with 95 % intervals.
 
-Collapse and the early-warning signals are defined once, in :mod:`ragen_async.collapse` (the run's
+Collapse and the early-warning signals are defined once, in :mod:`ragen_async.staleness.collapse` (the run's
 online alert and the adaptive staleness bound use the same rules). Here:
 
 * A signal's **lead time** is the event step (the first validation of the first fall, ``Collapse.fell``,
@@ -10,7 +10,7 @@ online alert and the adaptive staleness bound use the same rules). Here:
 * A run **degrades** (:func:`degraded_from`) when its validation success stays below the synchronous
   reference (the k = 0 cell at the same step size: the lower end of the 95 % interval of its runs'
   success at each validation step) from some validation to its last, for at least two validations: a
-  lasting shortfall against k = 0, where a fall (:mod:`ragen_async.collapse`) is a drop against the run's own
+  lasting shortfall against k = 0, where a fall (:mod:`ragen_async.staleness.collapse`) is a drop against the run's own
   peak. Leads and false alarms count against the run's first *event*: its first fall or the start of its
   degradation, whichever is earlier.
 * A **false alarm** is a firing that no fall follows within ``horizon`` steps (every firing of a run that
@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ragen_async.collapse import SIGNAL_KEYS, SIGNALS, EarlyWarning
+from ragen_async.staleness.collapse import SIGNAL_KEYS, SIGNALS, EarlyWarning
 
 __all__ = ["welch_difference", "ratio_interval", "trend", "predicted_mean", "signal_steps", "reference_band", "degraded_from", "lead_times", "false_alarms", "interval", "error_bar", "t95", "wilson", "bounds",
            "cell_table", "format_mean_ci", "format_bounds", "SHARE", "UNIT", "POSITIVE", "COST_MODELS", "ModelFit",
@@ -50,7 +50,7 @@ __all__ = ["welch_difference", "ratio_interval", "trend", "predicted_mean", "sig
 
 def signal_steps(steps: np.ndarray, values: np.ndarray, signal: str, window: int = 5) -> np.ndarray:
     """The steps at which ``signal`` fires on the series ``(steps, values)``: the series replayed
-    through :class:`~ragen_async.collapse.EarlyWarning`, the rule the adaptive bound uses online."""
+    through :class:`~ragen_async.staleness.collapse.EarlyWarning`, the rule the adaptive bound uses online."""
     if signal not in SIGNALS:
         raise ValueError(f"unknown signal {signal!r}; known: {SIGNALS}")
     warning, key = EarlyWarning(window), SIGNAL_KEYS[signal]

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats as scipy_stats
 
-from ragen_async.collapse import find_collapse
+from ragen_async.staleness.collapse import find_collapse
 from ragen_async.study import stats
 from ragen_async.study.report import cohorts, study_script
 from ragen_async.study.report.cohorts import lr_name

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ragen_async.collapse import find_collapse
+from ragen_async.staleness.collapse import find_collapse
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDIES = {  # study cell directory -> (task, actor lr, fall floor: the registered one)

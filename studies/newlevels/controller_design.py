@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ragen_async.collapse import EarlyWarning, find_collapse, stale_tokens
-from ragen_async.staleness import KLTargetBound
+from ragen_async.staleness.collapse import EarlyWarning, find_collapse, stale_tokens
+from ragen_async.staleness.controllers import KLTargetBound
 
 ROOT = Path(__file__).resolve().parents[1]
 READ = ("specimen", "confirm")

@@ -12,11 +12,11 @@ import torch
 from ragen_async import algo
 from ragen_async.agent.chat import ChatFormat
 from ragen_async.agent.episode import AgentLimits, ScriptedPolicy, play_group
-from ragen_async.buffer import TrajectoryBuffer
 from ragen_async.config import load_config
 from ragen_async.envs.registry import make_env_from_tag
 from ragen_async.learner.learner import Learner
-from ragen_async.staleness import format_group_id
+from ragen_async.staleness.buffer import TrajectoryBuffer
+from ragen_async.staleness.ids import format_group_id
 from ragen_async.weight_sync.wire import adjacent_bytes
 
 

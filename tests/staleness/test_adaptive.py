@@ -10,13 +10,15 @@ import math
 import numpy as np
 import pytest
 
-from ragen_async.collapse import EarlyWarning, stale_tokens
 from ragen_async.config import ConfigError, load_config
 from ragen_async.orchestrator import Trainer
 from ragen_async.records.metrics import MemorySink
 from ragen_async.records.rundir import RunDir
 from ragen_async.runtime import LocalAdmission
-from ragen_async.staleness import AdaptiveBound, AdmissionController, KLTargetBound
+from ragen_async.staleness.admission import AdmissionController
+from ragen_async.staleness.bound import StalenessBound
+from ragen_async.staleness.collapse import EarlyWarning, stale_tokens
+from ragen_async.staleness.controllers import AdaptiveBound, KLTargetBound
 from tests.fakes import make_group, plain_buffer
 
 
@@ -68,10 +70,10 @@ def test_an_unbounded_gate_takes_a_bound_and_gives_it_up_again():
     gate.set_max_staleness(None)
     assert gate.capacity() is None and gate.try_admit() == 14
     buf = plain_buffer(groups_per_step=2, max_staleness=None)
-    buf.set_max_staleness(1)
+    buf.bound.moved(1, first_index=0)
     buf.add(make_group(0, version=0), learner_version=2, now=0.0)
     assert [(d.index, d.reason) for d in buf.drain_drops()] == [(0, "stale")]
-    buf.set_max_staleness(None)
+    buf.bound.moved(None, first_index=1)
     buf.add(make_group(1, version=0), learner_version=9, now=0.0)
     assert buf.drain_drops() == []
 
@@ -79,7 +81,7 @@ def test_an_unbounded_gate_takes_a_bound_and_gives_it_up_again():
 def test_a_lower_bound_in_the_buffer_drops_what_is_now_too_old():
     buf = plain_buffer(groups_per_step=2, max_staleness=3)
     buf.add(make_group(0, version=0), learner_version=2, now=0.0)  # 2 old: fine under k = 3
-    buf.set_max_staleness(1)
+    buf.bound.moved(1, first_index=0)
     buf.add(make_group(1, version=0), learner_version=2, now=0.0)  # 2 old: too old under k = 1
     drops = buf.drain_drops()
     assert [(d.index, d.reason) for d in drops] == [(1, "stale")]
@@ -291,7 +293,7 @@ def test_the_loop_holds_the_stale_kl_under_its_target_and_logs_why_the_bound_mov
         "staleness.adaptive_min_staleness=1", "logging.console=false"])
     runtime = StubRuntime(4)
     trainer = Trainer(cfg, RunDir.create(cfg), MemorySink(), runtime)
-    assert isinstance(trainer.adaptive, KLTargetBound)
+    assert isinstance(trainer.bound.controller, KLTargetBound)
     records = [stale_step(kl, 0.9) for kl in (1e-4, 1e-4, 1e-4, 1e-4, 1e-4, 5e-2, 5e-2, 5e-2)]
     with caplog.at_level("INFO", logger="ragen_async.orchestrator"):
         for r in records:
@@ -316,8 +318,9 @@ def test_a_kl_target_runs_token_age_histogram_reaches_the_highest_bound_it_may_s
         f"run_root={tmp_path}", "runtime=ray", "staleness.max_staleness=4", "staleness.adaptive=true",
         "staleness.kl_target=0.001", "staleness.adaptive_max_staleness=16", "algo.filter_mode=none",
         "rollout.envs=[{tag: Bandit, n_groups: 1}]", "learner.num_ranks=1"])
-    buffer = make_buffer(cfg)
-    buffer.set_max_staleness(16, from_index=0)
+    bound = StalenessBound.from_config(cfg.staleness)
+    buffer = make_buffer(cfg, bound)
+    bound.moved(16, first_index=0)
     buffer.add(make_group(0, version=0), learner_version=10, now=0.0)
     metrics = buffer.next_batch(10, 0, 1.0).metrics
     assert metrics["staleness/token_hist/10"] == 1.0 and metrics["staleness/token_hist/overflow"] == 0.0

@@ -9,14 +9,9 @@ import numpy as np
 import pytest
 
 from ragen_async.protocol import NO_VERSION, Trajectory, TrajectoryGroup, TurnRecord
-from ragen_async.staleness import (
-    AdmissionController,
-    StalenessStats,
-    format_group_id,
-    group_staleness,
-    parse_group_id,
-    trajectory_staleness,
-)
+from ragen_async.staleness.admission import AdmissionController
+from ragen_async.staleness.ages import StalenessStats, group_staleness, trajectory_staleness
+from ragen_async.staleness.ids import format_group_id, parse_group_id
 
 
 def _turn(version: int, end: int | None = None) -> TurnRecord:

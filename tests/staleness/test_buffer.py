@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from ragen_async.algo.advantages import group_normalize
-from ragen_async.buffer import BufferNotReady, TrajectoryBuffer, balance_by_tokens, group_index
 from ragen_async.protocol import TrajectoryGroup
-from ragen_async.staleness import AdmissionController, format_group_id, parse_group_id
+from ragen_async.staleness.admission import AdmissionController
+from ragen_async.staleness.buffer import BufferNotReady, TrajectoryBuffer, balance_by_tokens
+from ragen_async.staleness.ids import format_group_id, group_index, parse_group_id
 from tests.fakes import advance_slots, make_group, plain_buffer
 
 

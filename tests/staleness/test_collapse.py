@@ -4,11 +4,11 @@ import asyncio
 import math
 import time
 
-from ragen_async.collapse import CollapseWatch
 from ragen_async.config import load_config
 from ragen_async.orchestrator import Trainer
 from ragen_async.records.metrics import MemorySink
 from ragen_async.records.rundir import RunDir
+from ragen_async.staleness.collapse import CollapseWatch
 
 
 def test_the_watch_fires_once_per_fall_and_rearms_after_a_recovery():

@@ -1,4 +1,4 @@
-"""The admission gate (rollout/gate.py) and the rollout loop that asks it: several indices per call, a blocked
+"""The admission gate (staleness/gate.py) and the rollout loop that asks it: several indices per call, a blocked
 request waits at the gate until a change frees a slot (no polling), the accounting stays the controller's."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ragen_async.rollout.gate import AdmissionGate
 from ragen_async.rollout.worker import RolloutWorker
+from ragen_async.staleness.gate import AdmissionGate
 
 pytestmark = pytest.mark.alone
 

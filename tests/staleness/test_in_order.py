@@ -12,14 +12,16 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from ragen_async.buffer import BufferNotReady
 from ragen_async.cli import app
 from ragen_async.config import load_config
 from ragen_async.orchestrator import Trainer
 from ragen_async.records.metrics import MemorySink
 from ragen_async.records.provenance import audit_in_order, audit_staleness, bounds_from_metrics, read_provenance
 from ragen_async.records.rundir import RunDir
-from ragen_async.staleness import AdaptiveBound
+from ragen_async.staleness.admission import AdmissionController
+from ragen_async.staleness.bound import StalenessBound
+from ragen_async.staleness.buffer import BufferNotReady
+from ragen_async.staleness.controllers import AdaptiveBound
 from tests.fakes import TickRuntime, make_group, plain_buffer
 
 K, B = 2, 4
@@ -251,8 +253,7 @@ def _tick_run(k: int, tighten_to: int | None = None, at_version: int = 8, steps:
     as the loop does). Returns the drops, the consumed indices per step, each consumed group's staleness against
     the bound it was admitted under, the first index admitted under the tightened bound, and the staleness of
     the groups admitted before it that were trained after it."""
-    from ragen_async.buffer import TrajectoryBuffer
-    from ragen_async.staleness import AdmissionController
+    from ragen_async.staleness.buffer import TrajectoryBuffer
     from tests.fakes import advance_slots
 
     rng = np.random.default_rng(seed)
@@ -270,13 +271,13 @@ def _tick_run(k: int, tighten_to: int | None = None, at_version: int = 8, steps:
             publish_at = tick + int(rng.integers(0, 4))
             if tighten_to is not None and learner == at_version:
                 first_tight = ctrl.set_max_staleness(tighten_to)
-                buf.set_max_staleness(tighten_to, from_index=first_tight)
+                buf.bound.moved(tighten_to, first_tight)
             if learner == steps:
                 break
         if done_at is None and buf.ready(learner, now=float(tick)):
             batch = buf.next_batch(learner, learner, now=float(tick))
             batches.append(batch.indices)
-            over += [learner - t.oldest_version - buf.bound_of(g.index) for g in batch.groups for t in g.trajectories]
+            over += [learner - t.oldest_version - buf.bound.of(g.index) for g in batch.groups for t in g.trajectories]
             late += [learner - t.oldest_version for g in batch.groups if g.index < (first_tight or 0)
                      for t in g.trajectories if learner > at_version]
             ctrl.on_consumed(batch.indices)
@@ -311,21 +312,38 @@ def test_a_tightening_drops_nothing_each_group_keeps_the_bound_it_was_admitted_u
 
 
 def test_a_tightened_bound_holds_only_groups_admitted_after_it():
-    buf = plain_buffer(2, max_staleness=4, consume="in_order")
-    buf.set_max_staleness(1, from_index=4)  # indices 0-3 were admitted under 4
-    assert [buf.bound_of(i) for i in (0, 3, 4, 9)] == [4, 4, 1, 1]
+    bound = StalenessBound(4, per_group=True)
+    buf = plain_buffer(2, None, consume="in_order", bound=bound)
+    bound.moved(1, first_index=4)  # indices 0-3 were admitted under 4
+    assert [bound.of(i) for i in (0, 3, 4, 9)] == [4, 4, 1, 1] and buf.max_staleness == 1
     for i in range(4):
         buf.add(make_group(i, version=0), learner_version=3, now=0.0)  # 3 versions old: within its own bound
     assert buf.ready(3) and buf.next_batch(3, step=4, now=0.0).indices == [0, 1]
     buf.add(make_group(4, version=0), learner_version=3, now=0.0)  # admitted under 1: too old
     assert [(d.index, d.bound) for d in buf.drain_drops()] == [(4, 1)]
-    assert buf.bounds_state() == [[0, 4], [4, 1]]
-    copy = plain_buffer(2, max_staleness=4, consume="in_order")
-    copy.restore_bounds(buf.bounds_state())
-    assert (copy.max_staleness, copy.bound_of(3), copy.bound_of(4)) == (1, 4, 1)
-    arrival = plain_buffer(2, max_staleness=4)
-    arrival.set_max_staleness(1, from_index=4)  # arrival order does not know what a group was admitted under
-    assert arrival.bound_of(0) == 1
+    assert bound.state()["bounds"] == [[0, 4], [4, 1]]
+    arrival = StalenessBound(4, per_group=False)
+    arrival.moved(1, first_index=4)  # arrival order does not know what a group was admitted under
+    assert arrival.of(0) == 1
+
+
+def test_a_restored_bound_keeps_each_replayed_groups_own_bound():
+    """A checkpoint's bounds come back as they were (replayed groups keep the bound they were admitted under),
+    the controller where it was, and admission at the restored bound."""
+    bound = StalenessBound(4, per_group=True, controller=AdaptiveBound(start=4))
+    bound.controller.update(True)  # a warning: 4 -> 2
+    bound.moved(2, first_index=6)
+    state = bound.state()
+    copy = StalenessBound(4, per_group=True, controller=AdaptiveBound(start=4))
+    admission = AdmissionController(4, 2)
+
+    class Handle:
+        async def set_max_staleness(self, k):
+            return admission.set_max_staleness(k)
+
+    asyncio.run(copy.restore(state, Handle()))
+    assert (copy.current, copy.of(5), copy.of(6), admission.max_staleness) == (2, 4, 2, 2)
+    assert copy.controller.state() == bound.controller.state()
 
 
 class ScriptedBound(AdaptiveBound):
@@ -355,7 +373,7 @@ def test_in_order_drops_nothing_while_the_bound_moves_and_the_audit_checks_each_
     runtime = DyingProducers(4, groups_per_step=B, producers=12, seed=3, deaths=(300,))
     run_dir, sink = RunDir.create(cfg), MemorySink()
     trainer = Trainer(cfg, run_dir, sink, runtime)
-    trainer.adaptive = ScriptedBound({8: 1, 20: 3, 26: 1})
+    trainer.bound.controller = ScriptedBound({8: 1, 20: 3, 26: 1})
     asyncio.run(trainer.run())
     trainer.close()
     provenance = read_provenance(run_dir.path / "provenance.jsonl")

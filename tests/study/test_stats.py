@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ragen_async.collapse import SIGNALS, Collapse, find_collapse
 from ragen_async.config import RunConfig
+from ragen_async.staleness.collapse import SIGNALS, Collapse, find_collapse
 from ragen_async.study import stats as study
 from ragen_async.study.report import ReportError, write_report
 

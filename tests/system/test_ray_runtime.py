@@ -346,7 +346,7 @@ def test_adaptive_staleness_tightens_the_real_gate_of_an_fsdp_pool_and_the_new_b
     each sync, rank 0 sends them, and every engine then computes the learner's log-probs (shards published
     would not); the checkpoint is written once."""
     from ragen_async import orchestrator
-    from ragen_async.collapse import EarlyWarning
+    from ragen_async.staleness.collapse import EarlyWarning
 
     class WarnAtStep3(EarlyWarning):
         def update(self, metrics):

@@ -6,7 +6,7 @@ directories, sweep directories, or folders holding either) and writes into ``out
 * ``report.md``: an overview table (one row per run); the cells (runs that differ only in their seed, pooled: mean and
   95 % interval, clipped to the quantity's range, Wilson's for a share of runs, of final and best
   validation success, throughput, staleness, the share of runs that fell and that collapsed, the lead time
-  and false-alarm rate of each early-warning signal; definitions in :mod:`ragen_async.collapse` and
+  and false-alarm rate of each early-warning signal; definitions in :mod:`ragen_async.staleness.collapse` and
   :mod:`ragen_async.study.stats`; finished runs only); each cell against synchronous training and the
   trend in mean staleness; the sections a headline quotes (:mod:`.headline`: the cost as a step or a line,
   how much steeper a larger step size makes it, speed inside the runs beside the idle-machine figures);
@@ -115,7 +115,7 @@ def write_report(paths: Sequence[str | Path], out: str | Path, *, threshold: flo
     """Read every run under ``paths`` and write ``report.md``, ``summary.csv`` and the plots into ``out``;
     ``baselines`` (name -> validation success, e.g. the random and oracle policies) are drawn as lines
     on every validation-success plot; ``collapse_floor`` is the success a fall is measured towards
-    (:mod:`ragen_async.collapse`; the random policy's, for a run that starts well above 0);
+    (:mod:`ragen_async.staleness.collapse`; the random policy's, for a run that starts well above 0);
     ``throughput`` (k, ``None`` = unbounded -> groups/s measured by ``bench pipeline``) adds the
     equal-time table; ``references`` (name -> cells CSV, :func:`read_reference`) adds the figure of success
     against measured lag beside them;

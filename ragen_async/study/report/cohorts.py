@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats as scipy_stats
 
-from ragen_async.collapse import find_collapse
+from ragen_async.staleness.collapse import find_collapse
 from ragen_async.study import stats
 from ragen_async.study.report.figures import save_figure
 from ragen_async.study.report.runs import RunData
@@ -119,7 +119,7 @@ def plot_cohorts(runs: Sequence[RunData], summaries: Sequence[RunSummary], out: 
                  panels: Sequence[tuple[str, float]], cohorts: Sequence[Cohort], anchor: int = 0,
                  name_of: CellOf = cell_of, name: str = "cohorts.png") -> Path | None:
     """Per (task, actor lr) in ``panels`` a panel of M per cell, one column of points per cohort (left to right),
-    each run a point (a cross over it: the run fell by :func:`~ragen_async.collapse.find_collapse` with its
+    each run a point (a cross over it: the run fell by :func:`~ragen_async.staleness.collapse.find_collapse` with its
     cohort's floor for the task), each cohort's cell mean with its 95 % interval. Cells (``name_of``): every bound a
     cohort ran there, unbounded and the controller. A panel where cohort ``anchor`` has no run is left out; None
     when none is left. Written to ``out``/``name``."""

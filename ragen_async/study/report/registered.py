@@ -10,7 +10,7 @@ A spec (``studies/newlevels/predictions.yaml`` is one)::
     families:
       - name: Sokoban
         task: SimpleSokoban           # the validation environment that tells a family's runs apart
-        floor: 0.180                  # the fall rule's floor (collapse.find_collapse), for the falls per cell
+        floor: 0.180                  # the fall rule's floor (staleness.collapse.find_collapse), for the falls per cell
         predictions:
           - {name: N1, claim: "...", slope: ["1e-4/k0", "1e-4/k2", "1e-4/kinf"]}   # M on Age, negative
           - {name: N2, claim: "...", welch: ["1e-4/k0", "1e-4/k2"]}               # M(first) - M(second) > 0
@@ -59,7 +59,7 @@ import numpy as np
 import yaml
 from scipy import stats as scipy_stats
 
-from ragen_async.collapse import SIGNALS, find_collapse
+from ragen_async.staleness.collapse import SIGNALS, find_collapse
 from ragen_async.study import stats
 from ragen_async.study.report.runs import RunData
 from ragen_async.study.report.summary import CORRECTIONS, RunSummary

@@ -20,10 +20,10 @@ import pandas as pd
 import yaml
 from pydantic import ValidationError
 
-from ragen_async.collapse import stale_tokens
 from ragen_async.config import EnvGroupSpec, RunConfig
 from ragen_async.records.metrics import current_names
 from ragen_async.records.rundir import PACKED, read_record, record_file
+from ragen_async.staleness.collapse import stale_tokens
 
 STEP = "learner/step"
 MISSING = "—"

@@ -1,6 +1,6 @@
 """One run's numbers (:class:`RunSummary`): validation, staleness, collapse and its early warnings, speed.
 
-Definitions of a fall, a collapse, degradation, lead times and false alarms: :mod:`ragen_async.collapse` and
+Definitions of a fall, a collapse, degradation, lead times and false alarms: :mod:`ragen_async.staleness.collapse` and
 :mod:`ragen_async.study.stats`.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ragen_async.collapse import SIGNAL_KEYS, Collapse, find_collapse
+from ragen_async.staleness.collapse import SIGNAL_KEYS, Collapse, find_collapse
 from ragen_async.study import stats
 from ragen_async.study.report.runs import RunData
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ragen_async.collapse import SIGNALS, Collapse
+from ragen_async.staleness.collapse import SIGNALS, Collapse
 from ragen_async.study import stats
 from ragen_async.study.report.runs import MISSING, RunData
 from ragen_async.study.report.summary import LAGS, RunSummary, correction_order

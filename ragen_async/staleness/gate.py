@@ -1,4 +1,4 @@
-"""The run's admission gate: the one :class:`~ragen_async.staleness.AdmissionController` behind an event loop,
+"""The run's admission gate: the one :class:`~ragen_async.staleness.admission.AdmissionController` behind an event loop,
 which the Ray runtime runs as an actor (``rollout.actor.GateActor``) and every rollout actor asks before it
 starts a group.
 
@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any
 
-from ragen_async.staleness import AdmissionController
+from ragen_async.staleness.admission import AdmissionController
 
 
 class AdmissionGate:

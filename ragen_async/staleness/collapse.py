@@ -41,8 +41,11 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import get_args
 
 import numpy as np
+
+from ragen_async.config import EarlyWarningSignal
 
 
 @dataclass(frozen=True)
@@ -120,8 +123,8 @@ class CollapseWatch:
         return False
 
 
-SIGNALS = ("reward_std", "entropy", "grad_norm", "stale_kl", "stale_ess", "kl_rise")
-"""The early-warning signals, in report order."""
+SIGNALS: tuple[str, ...] = get_args(EarlyWarningSignal)
+"""The early-warning signals, in report order (the names ``staleness.adaptive_signals`` accepts)."""
 SIGNAL_KEYS = {"reward_std": "rollout/in_group_reward_std", "entropy": "actor/entropy", "grad_norm": "actor/grad_norm",
                "stale_kl": "stale/k3_kl", "stale_ess": "stale/is_ess", "kl_rise": "stale/k3_kl"}
 """The step metric each signal reads (``stale/*``: :func:`stale_tokens`)."""

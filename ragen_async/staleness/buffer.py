@@ -33,7 +33,6 @@ Pure Python + numpy + torch (for the algo calls); no zmq or ray. Times are passe
 
 from __future__ import annotations
 
-import bisect
 import heapq
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -45,7 +44,9 @@ import torch
 from ragen_async.algo.advantages import GROUP_NORM_MODES, group_normalize
 from ragen_async.algo.filtering import FILTER_MODES, select_groups_by_reward_std
 from ragen_async.protocol import AnyGroup, AnyTrajectory, BatchShard
-from ragen_async.staleness import StalenessStats, group_staleness, staleness_of
+from ragen_async.staleness.ages import StalenessStats, group_staleness, staleness_of
+from ragen_async.staleness.bound import StalenessBound
+from ragen_async.staleness.ids import group_index
 
 __all__ = [
     "Batch",
@@ -53,22 +54,12 @@ __all__ = [
     "DropRecord",
     "TrajectoryBuffer",
     "balance_by_tokens",
-    "group_index",
 ]
 
 DropReason = Literal["stale", "off_lag"]
 DropSite = Literal["add", "consume"]
 CONSUME_MODES = ("arrival", "in_order")
 """How a batch picks its groups (module docstring, 2.)."""
-
-_HIST_MAX_UNBOUNDED = 16
-"""Staleness histogram bins when k is unbounded (with a bound, the bins are 0..k)."""
-
-
-def group_index(group: AnyGroup) -> int:
-    """The group's global sequence index (carried by the group itself, set by admission control)."""
-    return group.index
-
 
 @dataclass(frozen=True, slots=True)
 class DropRecord:
@@ -82,7 +73,7 @@ class DropRecord:
     reason: DropReason
     bound: int | None = None
     """The bound the group was held to: the one in force at the drop, or in in-order mode the one it was
-    admitted under (``TrajectoryBuffer.bound_of``)."""
+    admitted under (``StalenessBound.of``)."""
     waited_s: float | None = None
     """Seconds the group had waited in the buffer (0 when dropped on arrival; ``None``: no time was given)."""
     env_tag: str = ""
@@ -157,7 +148,7 @@ class TrajectoryBuffer:
     def __init__(
         self,
         groups_per_step: int,
-        max_staleness: int | None,
+        max_staleness: int | None = None,
         filter_mode: str = "std",
         filter_ratio: float = 0.25,
         norm_mode: str = "mean_std",
@@ -166,11 +157,13 @@ class TrajectoryBuffer:
         group_size: int | None = None,
         consume: str = "in_order",
         hist_max: int | None = None,
+        bound: StalenessBound | None = None,
     ) -> None:
         """
         Args:
             groups_per_step: groups consumed per learner step (B).
-            max_staleness: k; ``None`` for unbounded (then nothing is ever dropped).
+            max_staleness: k; ``None`` for unbounded (then nothing is ever dropped). Without ``bound``, the
+                buffer holds a bound of its own that never moves.
             filter_mode / filter_ratio: StarPO-S filter (``"std"`` | ``"std_rev"`` | ``"none"``, keep ratio).
             norm_mode: group normalisation of scores (``"mean_std"`` | ``"mean"`` | ``"identity"`` | ``"asym_clip"``).
             num_ranks: learner data-parallel world size; one shard per rank.
@@ -180,15 +173,25 @@ class TrajectoryBuffer:
             consume: ``"arrival"`` (the lowest-index groups waiting) or ``"in_order"`` (the lowest indices not
                 yet consumed or dropped, waited for); see the module docstring.
             hist_max: the token-age histogram's last bin before overflow (``staleness/token_hist/*``); default
-                ``max_staleness``, or 16 when unbounded (an adaptive bound passes the highest it may set).
+                ``max_staleness``, or 16 when unbounded (ignored with ``bound``, which carries its own).
+            bound: the run's :class:`~ragen_async.staleness.bound.StalenessBound`, which the buffer asks for each
+                group's bound (``max_staleness`` and ``fixed_lag`` then come from it).
 
         Raises:
             ValueError: invalid settings, or a batch that cannot give every rank a trajectory.
         """
         if groups_per_step < 1:
             raise ValueError(f"groups_per_step must be >= 1, got {groups_per_step}")
-        if max_staleness is not None and max_staleness < 0:
-            raise ValueError(f"max_staleness must be >= 0 or None, got {max_staleness}")
+        if consume not in CONSUME_MODES:
+            raise ValueError(f"unknown consume mode {consume!r}; valid: {', '.join(CONSUME_MODES)}")
+        if bound is None:
+            if max_staleness is not None and max_staleness < 0:
+                raise ValueError(f"max_staleness must be >= 0 or None, got {max_staleness}")
+            bound = StalenessBound(max_staleness, per_group=consume == "in_order", fixed_lag=fixed_lag,
+                                   hist_max=hist_max)
+        elif max_staleness is not None or fixed_lag or bound.per_group != (consume == "in_order"):
+            raise ValueError("with a bound given, max_staleness and fixed_lag come from it, and its per_group must "
+                             f"match consume={consume!r}")
         if filter_mode not in FILTER_MODES:
             raise ValueError(f"unknown filter_mode {filter_mode!r}; valid: {', '.join(FILTER_MODES)}")
         if not 0.0 < filter_ratio <= 1.0:
@@ -197,17 +200,14 @@ class TrajectoryBuffer:
             raise ValueError(f"unknown norm_mode {norm_mode!r}; valid: {', '.join(GROUP_NORM_MODES)}")
         if num_ranks < 1:
             raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
-        if fixed_lag and max_staleness is None:
-            raise ValueError("fixed_lag needs a finite max_staleness (the lag)")
-        if consume not in CONSUME_MODES:
-            raise ValueError(f"unknown consume mode {consume!r}; valid: {', '.join(CONSUME_MODES)}")
         self.groups_per_step = groups_per_step
-        self.max_staleness = max_staleness
+        self.bound = bound
+        """The run's bound, which the buffer only asks (:meth:`StalenessBound.of`); only it moves."""
         self.filter_mode = filter_mode
         self.filter_ratio = filter_ratio
         self.norm_mode = norm_mode
         self.num_ranks = num_ranks
-        self.fixed_lag = fixed_lag
+        self.fixed_lag = bound.fixed_lag
         self.consume = consume
 
         # Ask the filter itself how many groups it keeps (it depends only on the count), rather than
@@ -228,9 +228,9 @@ class TrajectoryBuffer:
         checks that run after every received group then cost a few integer operations per group."""
         self._learner_version = 0
         self._usable: int = 0
-        self._counted_at: int | None = None
-        """The version :attr:`_usable` (waiting groups usable right now) was counted at; ``None`` when the
-        waiting set changed other than by an arrival, so that the next :meth:`ready` scans again."""
+        self._counted_at: tuple[int, int] | None = None
+        """The version and bound revision :attr:`_usable` (waiting groups usable right now) was counted at; ``None``
+        when the waiting set changed other than by an arrival, so that the next :meth:`ready` scans again."""
         self._drops: list[DropRecord] = []
         self._dropped_total = 0
         self._frontier = 0
@@ -240,13 +240,14 @@ class TrajectoryBuffer:
         self._blocked: tuple[int, int] | None = None
         """In-order mode: (version, missing index) of the last :meth:`ready` that found the head of the line
         missing: until that index arrives (or the version moves) the answer stays no, at O(1) cost."""
-        self._bounds: list[tuple[int, int | None]] = [(0, max_staleness)]
-        """The bound by first admitted index, ascending (:meth:`set_max_staleness`): a group is held to the last
-        entry at or below its index."""
-        self._stats = StalenessStats(hist_max if hist_max is not None
-                                     else _HIST_MAX_UNBOUNDED if max_staleness is None else max_staleness)
+        self._stats = StalenessStats(bound.hist_max)
 
     # -- queue state -------------------------------------------------------------------------------
+
+    @property
+    def max_staleness(self) -> int | None:
+        """The bound for groups admitted from now on (the bound's :attr:`~StalenessBound.current`)."""
+        return self.bound.current
 
     def __len__(self) -> int:
         """Groups waiting (not yet checked against the current version)."""
@@ -284,14 +285,14 @@ class TrajectoryBuffer:
         version = self._learner_version if learner_version is None else learner_version
         if self.consume == "in_order":
             return self._ready_in_order(version, now)
-        if version != self._counted_at:  # staleness moves only with the version: one scan per version
+        if (version, self.bound.revision) != self._counted_at:  # one scan per version (and per move of the bound)
             usable = 0
             for index in sorted(self._waiting):
                 reason = self._violation(index, self._oldest[index], version, consuming=True)
                 if reason == "stale":
                     self._drop_waiting(index, version, reason, now)
                 usable += reason is None
-            self._usable, self._counted_at = usable, version
+            self._usable, self._counted_at = usable, (version, self.bound.revision)
         return self._usable >= self.groups_per_step
 
     def _ready_in_order(self, version: int, now: float | None) -> bool:
@@ -322,44 +323,10 @@ class TrajectoryBuffer:
 
     # -- staleness gate ----------------------------------------------------------------------------
 
-    def set_max_staleness(self, k: int | None, from_index: int | None = None) -> None:
-        """Move the bound (adaptive staleness; ``None`` lifts it).
-
-        In-order mode with ``from_index`` (``AdmissionController.set_max_staleness``'s answer: the first index
-        admitted under ``k``): each group keeps the bound it was admitted under, so groups already admitted
-        under a looser bound are not dropped by a tightening (they drain, and the new bound bites once they are
-        consumed); under a fixed bound and in order nothing is dropped, and so nothing is while it moves. Otherwise
-        the new bound applies to every group from the next check on (what a group was admitted under is unknown)."""
-        if self.fixed_lag:
-            raise ValueError("a fixed-lag buffer cannot move its bound")
-        self.max_staleness = k
-        if from_index is None or self.consume != "in_order":
-            self._bounds = [(0, k)]
-        else:
-            self._bounds = [(i, b) for i, b in self._bounds if i < from_index] + [(from_index, k)]
-            while len(self._bounds) > 1 and self._bounds[1][0] <= self._frontier:  # none below the line needs them
-                self._bounds.pop(0)
-        self._counted_at = None
-
-    def bound_of(self, index: int) -> int | None:
-        """The bound group ``index`` is held to (:meth:`set_max_staleness`)."""
-        at = bisect.bisect_right([i for i, _ in self._bounds], index) - 1
-        return self._bounds[max(at, 0)][1]
-
-    def bounds_state(self) -> list[list[int | None]]:
-        """The bounds by first admitted index, for a checkpoint (:meth:`restore_bounds`)."""
-        return [[i, b] for i, b in self._bounds]
-
-    def restore_bounds(self, state: list) -> None:
-        """Continue :meth:`bounds_state` (a checkpoint's): replayed groups keep the bound they were admitted under."""
-        self._bounds = [(int(i), None if b is None else int(b)) for i, b in state]
-        self.max_staleness = self._bounds[-1][1]
-        self._counted_at = None
-
     def _violation(self, index: int, oldest: Sequence[int], learner_version: int, consuming: bool) -> DropReason | None:
         """Why group ``index``, whose trajectories' oldest versions are ``oldest``, cannot be used at
         ``learner_version`` (``None``: it can)."""
-        k = self.bound_of(index)
+        k = self.bound.of(index)
         if k is None:
             return None
         staleness = staleness_of(oldest, learner_version)
@@ -379,7 +346,7 @@ class TrajectoryBuffer:
             learner_version=learner_version,
             where=where,
             reason=reason,
-            bound=self.bound_of(group_index(group)),
+            bound=self.bound.of(group_index(group)),
             waited_s=waited_s,
             env_tag=group.env_tag,
             seed=group.seed,
@@ -455,10 +422,11 @@ class TrajectoryBuffer:
         self._waiting[index] = group
         self._arrived_at[index] = now
         self._oldest[index] = oldest
-        if self._counted_at is not None:  # do for it what the scan in ready() would: count it, or drop it
-            reason = self._violation(index, oldest, self._counted_at, consuming=True)
+        if self._counted_at is not None and self._counted_at[1] == self.bound.revision:
+            counted = self._counted_at[0]  # do for it what the scan in ready() would: count it, or drop it
+            reason = self._violation(index, oldest, counted, consuming=True)
             if reason == "stale":
-                self._drop_waiting(index, self._counted_at, reason, now)
+                self._drop_waiting(index, counted, reason, now)
             self._usable += reason is None
         return True
 
@@ -517,7 +485,7 @@ class TrajectoryBuffer:
         Returns:
             a :class:`Batch`: one :class:`BatchShard` per rank, the groups taken, and the step's metrics: ``filter/*`` (StarPO-S), ``rollout/queue_groups`` (groups still waiting),
             ``batch/*``, ``rollout/buffer_wait_s`` (mean time the taken groups spent in the buffer) and the
-            :class:`~ragen_async.staleness.StalenessStats` summary of the kept groups (those trained on)
+            :class:`~ragen_async.staleness.ages.StalenessStats` summary of the kept groups (those trained on)
             plus the groups dropped since the previous batch.
 
         Raises:
