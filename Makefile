@@ -75,7 +75,7 @@ test: model
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE WANDB_MODE=disabled $(PY) -m pytest -q -x -n 2 -m "not soak and not alone" --durations=20
 	WANDB_MODE=disabled $(PY) -m pytest -q -x -m "alone and not soak"
 
-# The inner loop (482 tests, about half a minute on 2 cores; docs/benchmarks.md): the StarPO-S math, envs, episodes, codec and transport,
+# The inner loop (537 tests, about half a minute on 2 cores; docs/benchmarks.md): the StarPO-S math, envs, episodes, codec and transport,
 # buffer, staleness and admission, config, budget, collapse watch; no engine, no cluster, no learner.
 FAST_TESTS := tests/algo tests/envs tests/agent tests/rollout tests/transport tests/staleness/test_buffer.py \
 	tests/staleness/test_admission.py tests/staleness/test_adaptive.py tests/staleness/test_audit.py \

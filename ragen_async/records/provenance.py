@@ -22,11 +22,11 @@ def provenance_record(step: int, learner_version: int, groups: Sequence[AnyGroup
                       bounds: Mapping[int, int | None] | None = None) -> dict:
     """One step: every consumed group (``groups``: index, id, seed, worker, kept, versions, scores, and its
     episode statistics: mean turns, generated tokens, success share, seconds in play) and every group dropped
-    while this step's batch was collected (``dropped``: ``buffer.DropRecord.as_record``: index, reason, where,
+    while this step's batch was collected (``dropped``: ``staleness.buffer.DropRecord.as_record``: index, reason, where,
     staleness, the bound and how far past it, seconds waited, the level, the same episode statistics and
     scores; files written before these existed hold index, reason, where and staleness only). Under the
     adaptive bound, ``bounds`` gives each consumed group's ``bound``: the one it was held to (in order, the one
-    it was admitted under, ``TrajectoryBuffer.bound_of``; ``None``: unbounded)."""
+    it was admitted under, ``StalenessBound.of``; ``None``: unbounded)."""
     kept = {t.traj_id for s in shards for t in s.trajectories}
     out = []
     for g in groups:
