@@ -449,8 +449,9 @@ class RunConfig(_Strict):
         return (f"stale tokens train uncorrected (staleness {bound}, algo.off_policy=none): in this project's "
                 "Sokoban study at actor lr 2e-4 the unbounded pipeline's mean validation success was 0.13 under "
                 "synchronous training's on its levels, 0.11 (its interval including 0) on new ones (README, 'The "
-                "answer'); the corrections: algo.off_policy=opsm or age (docs/experiments.md, 'Corrections of stale "
-                "samples'), their registered test studies/corrections")
+                "answer'); the corrections algo.off_policy=opsm or age (docs/experiments.md, 'Corrections of stale "
+                "samples') beat uncorrected training on SmallCountdown but missed their registered goal, so none stays "
+                "the default (studies/corrections/README.md, 'Results')")
 
     @model_validator(mode="after")
     def _checkable_sync_and_sampling(self) -> RunConfig:
