@@ -28,3 +28,16 @@ def test_a_test_in_no_lane_that_leaves_ray_running_fails(pytester):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist")
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(["*test_stray.py::test_starts_ray started a Ray session but its module is in no lane*"])
+
+
+def test_the_alone_part_imports_only_the_modules_that_name_the_alone_marker(pytester):
+    from tests.conftest import ALONE_PART
+
+    pytester.makeconftest(CONFTEST.read_text())
+    pytester.makeini("[pytest]\nmarkers =\n    alone: x\n    soak: x\n")
+    pytester.makepyfile(test_quiet="import pytest\npytestmark = pytest.mark.alone\n\ndef test_a():\n    pass\n",
+                        test_other="raise RuntimeError('imported')\n\ndef test_b():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist", "-m", ALONE_PART)
+    result.assert_outcomes(passed=1)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist", "-m", "not alone")
+    result.assert_outcomes(errors=1)  # any other selection imports every module
