@@ -352,11 +352,11 @@ def test_adaptive_staleness_tightens_the_real_gate_of_an_fsdp_pool_and_the_new_b
         def update(self, metrics):
             return {"grad_norm"} if metrics.get("learner/step") == 3 else set()
 
-    def full_buffer_first(cfg):
+    def full_buffer_first(cfg, bound):
         """The first batch waits for the 12 groups the k = 2 gate admits at version 0 (3 steps of 4): the
         third step then trains on version-0 tokens at version 2 whatever the two cores' timing (under CI
         load the rollout once fell behind the learner and k = 2 was never used before the move)."""
-        buffer = make_buffer(cfg)
+        buffer = make_buffer(cfg, bound)
         ready = buffer.ready
         buffer.ready = lambda version=None, now=None: ready(version, now) and (version != 0 or len(buffer) >= 12)
         return buffer
