@@ -184,9 +184,7 @@ class TrajectoryBuffer:
             raise ValueError(f"groups_per_step must be >= 1, got {groups_per_step}")
         if consume not in CONSUME_MODES:
             raise ValueError(f"unknown consume mode {consume!r}; valid: {', '.join(CONSUME_MODES)}")
-        if bound is None:
-            if max_staleness is not None and max_staleness < 0:
-                raise ValueError(f"max_staleness must be >= 0 or None, got {max_staleness}")
+        if bound is None:  # the bound checks k itself
             bound = StalenessBound(max_staleness, per_group=consume == "in_order", fixed_lag=fixed_lag,
                                    hist_max=hist_max)
         elif max_staleness is not None or fixed_lag or bound.per_group != (consume == "in_order"):
