@@ -43,6 +43,7 @@ from ragen_async.protocol import NO_VERSION
 from ragen_async.records import reaper
 from ragen_async.records.budget import TrainingBudget
 from ragen_async.records.logfiles import keep_traceback, log_dir, loggers_to, one_line, output_to
+from ragen_async.records.machine import describe_machine
 from ragen_async.records.metrics import ConsoleSink, JsonlSink, MetricsSink, MultiSink, WandbSink, resolve_wandb_mode
 from ragen_async.records.provenance import ProvenanceLog, rewind_jsonl
 from ragen_async.records.rundir import (
@@ -538,6 +539,9 @@ def train(cfg: RunConfig | None = None, *, resume: Path | None = None, runtime: 
         _refuse_relative_on_multi_node(cfg, given)
         run_dir = RunDir.create(cfg, run_dir_path)
     print(f"run directory: {run_dir.path}", flush=True)
+    state = run_dir.read_state()
+    run_dir.write_state(**{**state, "machines": [*state.get("machines", []), describe_machine(
+        0 if checkpoint is None else step)]})
     if (uncorrected := cfg.uncorrected_staleness()) is not None:
         print(uncorrected, flush=True)
     logs = log_dir(run_dir.path)

@@ -176,6 +176,10 @@ def test_sigterm_stops_after_the_current_step_with_a_checkpoint_and_resume_compl
     assert {p.name for p in pack_run(path)} == {"metrics.jsonl.gz", "provenance.jsonl.gz"}  # packed while stopped
     orchestrator.train(None, resume=path, runtime=LocalRuntime(cfg, fake_bandit_engine(chat)))
     assert steps_logged() == list(range(1, 9)) and not list(path.glob("*.gz"))  # unpacked, then appended to
+    # each start names the machine it ran on (a run's realised staleness depends on it)
+    machines = RunDir(path).read_state()["machines"]
+    assert [m["from_step"] for m in machines] == [0, step]
+    assert all(m["cpu"] and m["cpus"] >= 1 and isinstance(m["cpu_flags"], list) for m in machines)
 
 
 def test_a_sigterm_while_the_runtime_starts_stops_the_run_after_its_first_step(tiny_model_path, tmp_path,
