@@ -247,16 +247,24 @@ class Trainer:
             t_step = time.perf_counter()
             batch = await self.collect(step)
             wait_s = time.perf_counter() - t_step
+            # Under fixed lag the next batch's weights (v + 1 - k, k >= 1) are already in the ring: the engines
+            # take them and admission opens the next version before this step trains, so the next batch plays
+            # while this one trains. Validation lends the engines the current weights (validate): before a step
+            # that validates, no group of the next version may start on them, so admission opens after it.
+            hold = self.published_version(self.version + 1) != self.version + 1 and self.validates_at(step + 1)
+            ahead = bool(cfg.staleness.fixed_lag and cfg.staleness.max_staleness) and not hold
+            sync = await self.publish(version=self.version + 1) if ahead else {}
             t0 = time.perf_counter()
             self._learner_busy = True
             result = await rt.train(batch.shards)
             self._learner_busy = False
             train_s = time.perf_counter() - t0
+            if ahead and result.version != self.version + 1:
+                raise RuntimeError(f"the learner went from version {self.version} to {result.version} in one step; "
+                                   "fixed lag published the next batch's weights for one version more")
             self.version, self.completed = result.version, step + 1
-            # Under fixed lag validation lends the engines the current weights (validate): no group of the
-            # next version may start on them, so on a step that validates admission opens after it.
-            hold = self.published_version() != self.version and self.validates_at(step + 1)
-            sync = await self.publish(open_admission=not hold)
+            if not ahead:
+                sync = await self.publish(open_admission=not hold)
             stats = await rt.rollout_stats()
             step_s = time.perf_counter() - t_step
             record = self.record(StepOutcome(
@@ -345,21 +353,23 @@ class Trainer:
                          "text": self._tokenizer.decode(traj.token_ids.tolist())})
         self.sink.log_episodes(step, rows)
 
-    def published_version(self) -> int:
-        """What the engines serve at learner version v: v, or v - k under fixed lag."""
+    def published_version(self, version: int | None = None) -> int:
+        """What the engines serve at learner version v (default: the current one): v, or v - k under fixed lag."""
+        version = self.version if version is None else version
         if self.cfg.staleness.fixed_lag:
-            return max(0, self.version - (self.cfg.staleness.max_staleness or 0))
-        return self.version
+            return max(0, version - (self.cfg.staleness.max_staleness or 0))
+        return version
 
-    async def publish(self, open_admission: bool = True) -> dict[str, float]:
-        """Weights to every engine, then admission opens the slots of the new version (unless
-        ``open_admission`` is False: the caller opens them later)."""
-        target = self.published_version()
+    async def publish(self, open_admission: bool = True, version: int | None = None) -> dict[str, float]:
+        """Weights to every engine for learner version ``version`` (default: the current one), then admission
+        opens the slots of that version (unless ``open_admission`` is False: the caller opens them later)."""
+        version = self.version if version is None else version
+        target = self.published_version(version)
         t0 = time.perf_counter()
         await self.runtime.publish(target)
         out = {"weight_sync/time_s": time.perf_counter() - t0, "weight_sync/published_version": float(target)}
         if open_admission:
-            await self.runtime.admission.set_published_version(self.version)
+            await self.runtime.admission.set_published_version(version)
         self.syncs += 1
         ws = self.cfg.weight_sync
         check, probe = checks_due(self.syncs, verify_first=ws.verify_first, verify_every=ws.verify_every,

@@ -110,3 +110,38 @@ def test_audit_accounts_for_every_index_and_catches_a_duplicate(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     result = CliRunner().invoke(app, ["audit", str(run_dir.path)])
     assert result.exit_code == 1 and "unexplained" in result.output
+
+
+@pytest.mark.parametrize("every", [0, 5])
+def test_fixed_lag_plays_the_next_batch_while_this_one_trains_at_exactly_the_lag(tmp_path, every):
+    """Under fixed lag the next batch's weights (v + 1 - k) are already in the learner's ring, so the engines take
+    them and admission opens before the step trains: groups of the next version start while the learner trains
+    (before a step that validates they wait: validation lends the engines the current weights). Every consumed
+    group is exactly min(k, v) versions old and none is dropped."""
+    k, steps = 2, 20
+    cfg = load_config(None, [f"run_root={tmp_path}", "runtime=ray", f"total_steps={steps}",
+                             f"validation.every={every}", f"staleness.max_staleness={k}", "staleness.fixed_lag=true",
+                             "algo.filter_mode=none", "rollout.envs=[{tag: Bandit, n_groups: 4}]",
+                             "rollout.group_size=2", "learner.num_ranks=1", "logging.console=false"])
+    runtime = TickRuntime(0, groups_per_step=4, producers=12, seed=3)  # the gate admits one version at a time
+    started_while_training = []
+    train = runtime.train
+
+    async def counting_train(shards):
+        before = runtime.admission.controller.groups_admitted
+        result = await train(shards)
+        started_while_training.append(runtime.admission.controller.groups_admitted - before)
+        return result
+
+    runtime.train = counting_train
+    run_dir = RunDir.create(cfg)
+    trainer = Trainer(cfg, run_dir, MemorySink(), runtime)
+    asyncio.run(trainer.run())
+    trainer.close()
+
+    validating = {s for s in range(1, steps + 1) if every and s % every == 0}  # steps validated after
+    assert [n > 0 for n in started_while_training] == [s not in validating for s in range(1, steps + 1)]
+    assert trainer.buffer.dropped_total == 0
+    provenance = read_provenance(run_dir.path / "provenance.jsonl")
+    assert [p["learner_version"] - g["min_version"] for p in provenance for g in p["groups"]] == [
+        min(k, p["learner_version"]) for p in provenance for _ in p["groups"]]
