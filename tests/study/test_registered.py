@@ -86,7 +86,7 @@ def test_a_cell_without_two_runs_is_pending_and_one_without_three_interim(tmp_pa
     ({"families": [{"task": "SimpleSokoban", "predictions": [{"name": "N1", "welch": ["1e-4/k0", "fast/k2"]}]}]},
      "'fast' is not a learning rate"),
     ({"families": [{"task": "SimpleSokoban", "predictions": [{"name": "N1", "welch": ["1e-4/k0", "1e-4/two"]}]}]},
-     "the bound is k0, k<n>, kinf or adaptive"),
+     "the bound is k0, k<n>, kinf, adaptive or lag<n> with n >= 1"),
     ({"families": [{"task": "SimpleSokoban", "predictions": [
         {"name": "G", "age_at_least": ["1e-4/adaptive", "1e-4/kinf"]}]}]}, "age_at_least takes [cell, of, fraction > 0]"),
     ({"families": [{"task": "SimpleSokoban", "predictions": [{"name": "G", "all_of": ["N9"]}]}]},
@@ -359,3 +359,31 @@ def test_the_corrections_spec_reads_and_is_decided_on_synthetic_runs(tmp_path, m
     assert {n: got[n].verdict for n in ("Aa", "Ab", "A")} == {"Aa": "failed", "Ab": "held", "A": "failed"}
     assert got["Od1"].verdict == got["Ad2"].verdict == "reported"
     assert all(got[n].p_holm >= got[n].p for n in ("Oa3", "Aa3", "Ob2", "Ab2"))
+
+
+def test_fixed_lag_runs_form_lag_cells_that_a_bound_of_the_same_k_never_holds(tmp_path, make_run):
+    """``2e-4/lag8`` holds the runs at a fixed lag of 8 (``staleness.fixed_lag``), ``2e-4/k8`` those bounded by 8."""
+    for name, fixed, correction, level in (("k8", False, "none", 0.40), ("lag8", True, "none", 0.30),
+                                           ("lag8-opsm", True, "opsm", 0.38)):
+        for seed in CORR_SEEDS:
+            make_run(tmp_path / "r" / f"{name}-s{seed}", k=8, seed=seed, envs=("SimpleSokoban",), off_policy=correction,
+                     val_curve=lambda step, total, v=level + 0.005 * (seed - 11): 0.36 if step == 0 else v,
+                     config={"staleness": {"max_staleness": 8, "fixed_lag": fixed}, "learner": {"actor_lr": 2e-4}})
+    runs, summaries = _read(tmp_path / "r")
+    spec = _spec(tmp_path, {"name": "lag", "seeds": list(CORR_SEEDS), "families": [
+        {"name": "Sokoban", "task": "SimpleSokoban", "floor": 0.215, "predictions": [
+            {"name": "L1", "claim": "opsm above uncorrected at lag 8", "welch": ["2e-4/lag8/opsm", "2e-4/lag8"]},
+            {"name": "L2", "claim": "opsm within 0.02 of bounded", "mean_at_least": ["2e-4/lag8/opsm", "2e-4/k8", 0.02]}]}]})
+    from ragen_async.study.report.registered import cells
+
+    by_cell = cells(spec, spec.families[0], summaries)
+    assert {c: sorted(s.name.split("-s")[0] for s in m) for c, m in by_cell.items()} == {
+        "2e-4/k8": ["k8"] * 5, "2e-4/lag8": ["lag8"] * 5, "2e-4/lag8/opsm": ["lag8-opsm"] * 5}
+    got = {o.name: o.verdict for o in decide(spec, summaries, runs)}
+    assert got == {"L1": "held", "L2": "held"}  # 0.38 > 0.30; 0.38 >= 0.40 - 0.02
+
+
+def test_a_fixed_lag_cell_needs_a_lag_of_at_least_one(tmp_path):
+    with pytest.raises(SpecError, match="lag<n>"):
+        _spec(tmp_path, {"name": "lag", "families": [{"name": "S", "task": "SimpleSokoban", "predictions": [
+            {"name": "L", "claim": "c", "welch": ["2e-4/lag0", "2e-4/k0"]}]}]})

@@ -39,8 +39,9 @@ after every family's tests (a test part counts by the spec's rule, Holm-adjusted
 prediction of the spec, in its family or an earlier one (a goal over both tasks). A ``ratio_of`` is ``reported``: it
 decides nothing and no ``all_of`` may name it.
 
-A cell is ``<actor lr>/<k0 | k<n> | kinf | adaptive>[/<correction>]``: the finished runs of the family's task at that
-actor learning rate and bound (``adaptive``: the runs whose bound moved, ``staleness.adaptive``) and with that
+A cell is ``<actor lr>/<k0 | k<n> | kinf | adaptive | lag<n>>[/<correction>]``: the finished runs of the family's task
+at that actor learning rate and bound (``adaptive``: the runs whose bound moved, ``staleness.adaptive``; ``lag<n>``:
+the runs at a fixed lag of n, ``staleness.fixed_lag``, which ``k<n>`` never holds) and with that
 correction (``algo.off_policy``; none written: ``none``), among the spec's seeds. M is a run's mean validation success after step 0 (``RunSummary.mean_val``), Age its realised mean age
 (``staleness_mean``), a run's drops its share of generated groups dropped (``drops["drop_share"]``). A prediction
 whose cells hold fewer than two runs each is ``pending``; one decided while a cell holds fewer runs than the spec has
@@ -143,14 +144,16 @@ class Outcome:
 def _cell_names(kind: str, value: Any, where: str) -> tuple[Any, ...]:
     def name(cell: Any) -> str:
         if not isinstance(cell, str) or "/" not in cell:
-            raise SpecError(f"{where}: a cell is '<actor lr>/<k0|k<n>|kinf>[/<correction>]', got {cell!r}")
+            raise SpecError(f"{where}: a cell is '<actor lr>/<k0|k<n>|kinf|adaptive|lag<n>>[/<correction>]', "
+                            f"got {cell!r}")
         lr, k, *correction = cell.split("/")
         try:
             float(lr)
         except ValueError:
             raise SpecError(f"{where}: {cell!r}: {lr!r} is not a learning rate") from None
-        if k not in ("kinf", "adaptive") and not (k.startswith("k") and k[1:].isdigit()):
-            raise SpecError(f"{where}: {cell!r}: the bound is k0, k<n>, kinf or adaptive")
+        if (k not in ("kinf", "adaptive") and not (k.startswith("k") and k[1:].isdigit())
+                and not (k.startswith("lag") and k[3:].isdigit() and int(k[3:]) >= 1)):
+            raise SpecError(f"{where}: {cell!r}: the bound is k0, k<n>, kinf, adaptive or lag<n> with n >= 1")
         if correction and (len(correction) > 1 or correction[0] not in CORRECTIONS[1:]):
             raise SpecError(f"{where}: {cell!r}: the correction is one of {', '.join(CORRECTIONS[1:])} "
                             "(none: leave it out)")
@@ -268,10 +271,11 @@ def load_spec(path: str | Path) -> Spec:
 
 
 def _label(s: RunSummary) -> str | None:
-    """The run's cell without its learning rate (``kinf``, ``k4/opsm``), or None for a run no cell holds."""
-    if not s.finished or s.lag not in ("bounded", "adaptive"):
+    """The run's cell without its learning rate (``kinf``, ``k4/opsm``, ``lag8``), or None for a run no cell holds."""
+    if not s.finished or s.lag not in ("bounded", "adaptive", "fixed"):
         return None
-    bound = "adaptive" if s.lag == "adaptive" else "kinf" if s.k is None else f"k{s.k}"
+    bound = ("adaptive" if s.lag == "adaptive" else f"lag{s.k}" if s.lag == "fixed"
+             else "kinf" if s.k is None else f"k{s.k}")
     return bound if s.off_policy == "none" else f"{bound}/{s.off_policy}"
 
 
