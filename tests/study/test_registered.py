@@ -224,20 +224,22 @@ def _corr_runs(root, make_run, task, lr, levels, *, dropped=None, spread=0.005, 
     that falls or None); ``dropped``: (cell, seed) of a run that dropped one of its groups."""
     for cell, (level, age, fall_seed) in levels.items():
         bound, *correction = cell.split("/")
-        k = 0 if bound == "k0" else None
+        fixed = bound.startswith("lag")  # lag<n>: a fixed lag of n
+        k = 0 if bound == "k0" else int(bound[3:]) if fixed else None
+        stale = k != 0
         for seed in seeds:
             falls = seed == fall_seed
             drop = 1.0 if dropped == (cell, seed) else 0.0
-            extra = {step: {"staleness/mean": age, "rollout/groups": 8.0, "throughput/groups_per_s": 2.0 + (k is None) + 0.01 * (seed - 11),
+            extra = {step: {"staleness/mean": age, "rollout/groups": 8.0, "throughput/groups_per_s": 2.0 + stale + 0.01 * (seed - 11),
                             "staleness/dropped_groups": drop * (step == 1),
-                            "lag/0/tokens": 100.0, "lag/8+/tokens": 300.0 * (k is None),
+                            "lag/0/tokens": 100.0, "lag/8+/tokens": 300.0 * stale,
                             "lag/0/corr_masked": 0.0, "lag/8+/corr_masked": 0.5, "lag/0/corr_truncated": 0.0,
                             "lag/8+/corr_truncated": 0.0} for step in range(1, 21)}
             make_run(root / f"{task}-{cell.replace('/', '-')}-s{seed}", k=k, seed=seed, envs=(task,), extra=extra,
                      off_policy=correction[0] if correction else "none",
                      val_curve=lambda step, total, v=level + spread * (seed - 11), f=falls:
                          0.36 if step == 0 else (0.0 if f and step >= 10 else v),
-                     config={"staleness": {"max_staleness": k}, "learner": {"actor_lr": lr}})
+                     config={"staleness": {"max_staleness": k, "fixed_lag": fixed}, "learner": {"actor_lr": lr}})
 
 
 SOKOBAN_MET = {"k0": (0.42, 0.0, None), "kinf": (0.30, 9.0, 12), "kinf/opsm": (0.405, 8.5, None),
@@ -387,3 +389,21 @@ def test_a_fixed_lag_cell_needs_a_lag_of_at_least_one(tmp_path):
     with pytest.raises(SpecError, match="lag<n>"):
         _spec(tmp_path, {"name": "lag", "families": [{"name": "S", "task": "SimpleSokoban", "predictions": [
             {"name": "L", "claim": "c", "welch": ["2e-4/lag0", "2e-4/k0"]}]}]})
+
+
+def test_the_fixed_lag_corrections_spec_reads_and_is_decided_on_synthetic_runs(tmp_path, make_run):
+    """studies/corrections/fixed_lag.yaml (PREDICTIONS.md, "Corrections at a fixed lag"): opsm meets every part, age
+    falls short of k = 0 by more than 0.02; the uncorrected fixed-lag cell is the tests' baseline."""
+    spec = load_spec(REPO / "studies" / "corrections" / "fixed_lag.yaml")
+    assert spec.seeds == (14, 15, 16, 17, 18) and spec.decide_on == "holm"
+    assert [f.floor for f in spec.families] == [0.191]
+    assert [p.name for p in spec.families[0].predictions if p.kind == "welch"] == ["FO3", "FA3"]
+    levels = {"k0": (0.42, 0.0, None), "lag8": (0.31, 7.84, 16), "lag8/opsm": (0.41, 7.84, None),
+              "lag8/age": (0.38, 7.84, None)}
+    _corr_runs(tmp_path / "r", make_run, "SimpleSokoban", 2e-4, levels, seeds=spec.seeds)
+    runs, summaries = _read(tmp_path / "r")
+    got = {o.name: o for o in decide(spec, summaries, runs)}
+    assert {n: got[n].verdict for n in ("FO1", "FO2", "FO3", "FO4", "FO5", "FO")} == dict.fromkeys(
+        ("FO1", "FO2", "FO3", "FO4", "FO5", "FO"), "held")
+    assert got["FA2"].verdict == "failed" and got["FA3"].verdict == "held" and got["FA"].verdict == "failed"
+    assert got["FOd"].verdict == got["FAd"].verdict == "reported"

@@ -88,3 +88,30 @@ def test_the_corrections_sweeps_have_the_registered_shape_on_unused_levels():
         assert cells == {(0, "none"): [9, 10, 11, 12, 13], (None, "none"): [9, 10, 11, 12, 13],
                          (None, "opsm"): [9, 10, 11, 12, 13], (None, "age"): [9, 10, 11, 12, 13]}
         assert not {9, 10, 11, 12, 13} & seeds and 3000000 not in rollout and 4000000 not in validation
+
+
+def test_the_fixed_lag_corrections_sweep_has_the_registered_shape_on_levels_no_run_used():
+    """studies/confirm/PREDICTIONS.md, "Corrections at a fixed lag": Sokoban at actor lr 2e-4, k = 0 and a fixed lag
+    of 8 with none, opsm and age, five seeds a cell, each in its study placement, on levels and seeds that neither
+    the configs and runs outside the corrections study nor the unbounded corrections sweeps use."""
+    seeds, rollout, validation = _used_elsewhere()
+    unbounded = [plan_sweep(SweepSpec.load(REPO / "configs" / "sweeps" / f"{stem}.yaml"))
+                 for stem in ("corrections_sokoban", "corrections_countdown")]
+    seeds |= {run.config.seed for plan in unbounded for run in plan.runs}
+    rollout |= {run.config.rollout.seed for plan in unbounded for run in plan.runs}
+    validation |= {run.config.validation.seed for plan in unbounded for run in plan.runs}
+    plan = plan_sweep(SweepSpec.load(REPO / "configs" / "sweeps" / "corrections_fixed_lag.yaml"))
+    cells = {}
+    for run in plan.runs:
+        cfg = run.config
+        assert (cfg.rollout.seed, cfg.validation.seed, cfg.learner.actor_lr) == (5000000, 6000000, 2e-4)
+        assert cfg.staleness.consume == "in_order" and cfg.total_steps == 200
+        assert (cfg.algo.opsm_delta, cfg.algo.age_tau, cfg.algo.age_negatives_only) == (0.01, 1.0, True)
+        assert cfg.staleness.fixed_lag == (cfg.staleness.max_staleness == 8)
+        pinned = bool(cfg.rollout.cpu_affinity and cfg.learner.cpu_affinity)
+        assert pinned == cfg.staleness.fixed_lag, f"{run.name}: not in its study placement"
+        cells.setdefault((cfg.staleness.max_staleness, cfg.algo.off_policy), []).append(cfg.seed)
+    assert cells == {(0, "none"): [14, 15, 16, 17, 18], (8, "none"): [14, 15, 16, 17, 18],
+                     (8, "opsm"): [14, 15, 16, 17, 18], (8, "age"): [14, 15, 16, 17, 18]}
+    assert not {14, 15, 16, 17, 18} & seeds and 5000000 not in rollout and 6000000 not in validation
+    assert {3000000, 10000} <= rollout and 4000000 in validation and 13 in seeds  # it reads the others
