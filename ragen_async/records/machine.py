@@ -1,9 +1,10 @@
 """The machine a run started on, recorded in its ``run_state.json`` at every start and resume.
 
 An unbounded pipeline's realised staleness is a property of the hardware, not only of the config: the rollout's
-speed against the learner's sets how far the backlog grows. The same study placement on two 2-core machines gave
-Sokoban mean ages of about 9 versions (an Intel Xeon with AMX) and under 2 (an AMD EPYC with AVX2 only), so a run
-names the CPU it ran on. It is the driver's machine; on several nodes, the other nodes are not described.
+speed against the learner's sets how far the backlog grows. The same study placement on 2-core machines gave
+Sokoban mean ages of 7-14 versions (one of them an AMD EPYC with AVX-512 BF16) and under 2 (an AMD EPYC with AVX2
+only), so a run names the CPU it ran on. It is the driver's machine; on several nodes, the other nodes are not
+described.
 """
 
 from __future__ import annotations
