@@ -257,11 +257,11 @@ class Trainer:
             t0 = time.perf_counter()
             self._learner_busy = True
             result = await rt.train(batch.shards)
-            self._learner_busy = False
-            train_s = time.perf_counter() - t0
-            if ahead and result.version != self.version + 1:
+            if ahead and result.version != self.version + 1:  # (the learner still busy: nothing is saved)
                 raise RuntimeError(f"the learner went from version {self.version} to {result.version} in one step; "
                                    "fixed lag published the next batch's weights for one version more")
+            self._learner_busy = False
+            train_s = time.perf_counter() - t0
             self.version, self.completed = result.version, step + 1
             if not ahead:
                 sync = await self.publish(open_admission=not hold)
@@ -361,15 +361,15 @@ class Trainer:
         return version
 
     async def publish(self, open_admission: bool = True, version: int | None = None) -> dict[str, float]:
-        """Weights to every engine for learner version ``version`` (default: the current one), then admission
-        opens the slots of that version (unless ``open_admission`` is False: the caller opens them later)."""
+        """Weights to every engine for learner version ``version`` (default: the current one), the checks due at
+        this sync, then admission opens the slots of that version (unless ``open_admission`` is False: the caller
+        opens them later). A check that fails leaves admission where it was, so the state a failure saves is that
+        of the last completed step."""
         version = self.version if version is None else version
         target = self.published_version(version)
         t0 = time.perf_counter()
         await self.runtime.publish(target)
         out = {"weight_sync/time_s": time.perf_counter() - t0, "weight_sync/published_version": float(target)}
-        if open_admission:
-            await self.runtime.admission.set_published_version(version)
         self.syncs += 1
         ws = self.cfg.weight_sync
         check, probe = checks_due(self.syncs, verify_first=ws.verify_first, verify_every=ws.verify_every,
@@ -381,6 +381,8 @@ class Trainer:
             # Above the dtype's tolerance an engine samples from other weights than the learner's: stop.
             out["weight_sync/probe_max_abs_diff"] = check_probe(learner_lp, engine_lps, version=target,
                                                                 dtype=self.cfg.model.dtype)
+        if open_admission:
+            await self.runtime.admission.set_published_version(version)
         return out
 
     async def verify_weights(self, version: int) -> dict[str, float]:

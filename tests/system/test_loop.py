@@ -10,6 +10,7 @@ for (consumed once, dropped once, or still outstanding).
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -145,3 +146,31 @@ def test_fixed_lag_plays_the_next_batch_while_this_one_trains_at_exactly_the_lag
     provenance = read_provenance(run_dir.path / "provenance.jsonl")
     assert [p["learner_version"] - g["min_version"] for p in provenance for g in p["groups"]] == [
         min(k, p["learner_version"]) for p in provenance for _ in p["groups"]]
+
+
+def test_a_weight_check_that_fails_at_an_early_publish_leaves_admission_at_the_last_completed_step(tmp_path):
+    """Under fixed lag the next version's weights go out before the step trains; if the check at that sync fails,
+    admission has not opened the next version, so the state saved on the failure is the last completed step's
+    and the run resumes from it (a resume publishes that step's version, which admission must not be past)."""
+    cfg = load_config(None, [f"run_root={tmp_path}", "runtime=ray", "total_steps=10", "validation.every=0",
+                             "staleness.max_staleness=2", "staleness.fixed_lag=true", "weight_sync.verify_every=1", "weight_sync.probe=false",
+                             "algo.filter_mode=none", "rollout.envs=[{tag: Bandit, n_groups: 4}]",
+                             "rollout.group_size=2", "learner.num_ranks=1", "logging.console=false"])
+    runtime = TickRuntime(0, groups_per_step=4, producers=12, seed=5)
+    trainer = Trainer(cfg, RunDir.create(cfg), MemorySink(), runtime)
+    checks = []
+
+    async def verify_weights(version):
+        checks.append(version)
+        if len(checks) == 5:  # the sync before step 5 trains
+            raise RuntimeError("planted: an engine serves other bytes")
+        return {}
+
+    trainer.verify_weights = verify_weights
+    with pytest.raises(RuntimeError, match="planted"):
+        asyncio.run(trainer.run())
+    trainer.close()
+    assert trainer.completed == trainer.version == 4
+    assert runtime.admission.controller.state()["published_version"] == 4  # not 5: the next version never opened
+    state = json.loads((trainer.run_dir.checkpoints / "step_000004" / "driver_state.json").read_text())
+    assert state["version"] == state["admission"]["published_version"] == 4
