@@ -236,8 +236,11 @@ class Trainer:
         last_val: dict[str, float] = {}
         if self.version > 0:
             await self.publish()
-        if cfg.validation.every and self.start_step == 0:
-            last_val = await self.validate(0)
+        # Step 0's validation, or on a resume the validation of the checkpoint's step if it is due there and the run
+        # stopped before it (a stop signal on a validation step saves the step, then stops before validating).
+        if cfg.validation.every and (self.start_step == 0 or (self.start_step % cfg.validation.every == 0
+                                                              and not self.validated(self.start_step))):
+            last_val = await self.validate(self.start_step)
         await rt.start()
         prev_stats = await rt.rollout_stats()
         budget = self.budget
@@ -419,6 +422,13 @@ class Trainer:
             "throughput/learner_tokens_per_s": learner_metrics.get("learner/num_tokens", 0.0) / max(train_s, 1e-9),
             "throughput/tokens_per_s_per_gpu": tokens_per_s_per_gpu(n_tokens, step_s, self.cfg.learner.num_ranks),
         }
+
+    def validated(self, step: int) -> bool:
+        """Whether the run's metrics hold the validation of learner step ``step``."""
+        path = self.run_dir.metrics_path
+        lines = path.read_text().splitlines() if path.exists() else []
+        return any(record.get("learner/step") == step and "val/success" in record
+                   for record in map(json.loads, filter(str.strip, lines)))
 
     def validates_at(self, done: int) -> bool:
         """Whether the loop validates after ``done`` steps whatever the time budget says (it also validates

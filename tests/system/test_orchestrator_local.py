@@ -244,6 +244,37 @@ def test_starting_ray_keeps_the_runs_sigterm_handler_and_sizes_the_session_for_t
             signal.signal(signum, handler)
 
 
+def test_a_stop_on_a_validation_step_validates_that_step_when_the_run_resumes(tiny_model_path, tmp_path):
+    """A stop signal saves the step and stops before the validation due after it; the resumed run validates that
+    step first, so every validation point of the run is there once (a study's M averages them)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    cfg = bandit_cfg(tiny_model_path, tmp_path, "total_steps=5", "validation.every=1", "checkpoint_every=0",
+                     "logging.wandb_mode=disabled")
+    chat = ChatFormat.from_pretrained(tiny_model_path)
+    path = tmp_path / "run"
+
+    def records() -> list[dict]:
+        metrics = path / "metrics.jsonl"
+        return [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+
+    def terminate_after_step_one():
+        while not any("actor/grad_norm" in r for r in records()):
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate_after_step_one, daemon=True).start()
+    with pytest.raises(orchestrator.Interrupted) as stopped:
+        orchestrator.train(cfg, runtime=LocalRuntime(cfg, fake_bandit_engine(chat)), run_dir_path=path)
+    step = stopped.value.step
+    assert [r["learner/step"] for r in records() if "val/success" in r] == list(range(step))  # not yet `step`
+    orchestrator.train(None, resume=path, runtime=LocalRuntime(cfg, fake_bandit_engine(chat)))
+    assert [r["learner/step"] for r in records() if "val/success" in r] == list(range(6))
+
+
 def test_resuming_a_run_without_a_checkpoint_trains_it_from_the_start(tiny_model_path, tmp_path, capsys):
     """A run dir whose weights were not kept (a study's sweep carried to another clone): its records are
     dropped and it trains again from step 1, with no duplicate steps in metrics or provenance."""
